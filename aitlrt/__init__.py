@@ -1,0 +1,1 @@
+"""AITLRT: the Agent-In-The-Loop Reinforcement Trainer."""

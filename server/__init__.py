@@ -1,0 +1,1 @@
+"""aitlrt-serve: the recording OpenAI-compatible proxy between coding agents and vLLM."""

@@ -1,0 +1,387 @@
+"""The FastAPI app of ``aitlrt-serve``: model routes that record, trace routes, weight routes, health."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from aitlrt_server.errors import ProxyError, error_body, error_response
+from aitlrt_server.exchange import (
+    AgentAsked,
+    CallOutput,
+    Endpoint,
+    StreamAccumulator,
+    build_record,
+    output_from_response,
+    parse_sse_line,
+    prepare_request,
+    strip_response,
+)
+from aitlrt_server.metrics import ProxyMetrics
+from aitlrt_server.settings import ServeSettings
+from aitlrt_server.store import UNATTRIBUTED, TraceStore, valid_rollout_id
+from aitlrt_server.weights import WeightGate
+
+_UPSTREAM_PATH: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+TAG_HEADER = "x-aitlrt-tag"
+
+
+class Proxy:
+    """State shared by the routes: the trace store, the weight gate, metrics and the upstream client."""
+
+    def __init__(self, settings: ServeSettings) -> None:
+        self.settings = settings
+        self.store = TraceStore(settings.run_dir)
+        self.gate = WeightGate()
+        self.metrics = ProxyMetrics()
+        self.client = httpx.AsyncClient(
+            base_url=settings.upstream,
+            timeout=httpx.Timeout(settings.request_timeout_s, connect=5.0),
+            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
+        )
+        self.served_models: list[str] = []
+
+    # ---- upstream -----------------------------------------------------------------------------
+    def _upstream_error(self, exc: httpx.HTTPError) -> ProxyError:
+        url = self.settings.upstream
+        if isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout):
+            self.metrics.errors.labels("upstream_timeout").inc()
+            return ProxyError(504, f"vLLM at {url} did not answer within {self.settings.request_timeout_s:.0f}s",
+                              code="upstream_timeout")
+        self.metrics.errors.labels("upstream_unreachable").inc()
+        return ProxyError(502, f"vLLM at {url} is unreachable ({type(exc).__name__}: {exc}); is it running?",
+                          code="upstream_unreachable")
+
+    async def model_list(self) -> dict[str, Any]:
+        try:
+            resp = await self.client.get("/v1/models", timeout=10.0)
+        except httpx.HTTPError as exc:
+            raise self._upstream_error(exc) from None
+        if resp.status_code != 200:
+            raise ProxyError(503, f"vLLM at {self.settings.upstream} answered /v1/models with {resp.status_code}",
+                             code="upstream_unavailable")
+        data = resp.json()
+        self.served_models = [m["id"] for m in data.get("data", [])]
+        return data
+
+    async def model_for(self, requested: Any) -> str:
+        """The served model a call goes to: the requested one if vLLM serves it, else the policy."""
+        if not self.served_models:
+            await self.model_list()
+        if requested in self.served_models:
+            return requested
+        return self.served_models[0]
+
+    # ---- one recorded call ----------------------------------------------------------------------
+    async def call(self, request: Request, endpoint: Endpoint, rollout_id: str) -> Response:
+        raw = await request.body()
+        if len(raw) > self.settings.max_body_bytes:
+            raise ProxyError(413, f"request body of {len(raw)} bytes exceeds the limit of "
+                                  f"{self.settings.max_body_bytes} bytes", code="request_too_large")
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ProxyError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
+        if not isinstance(body, dict):
+            raise ProxyError(400, "request body must be a JSON object", code="invalid_json")
+        model = await self.model_for(body.get("model"))
+        upstream_body, asked = prepare_request(body, endpoint, self.settings.sampling, model)
+        tag = request.headers.get(TAG_HEADER)
+
+        stack = AsyncExitStack()
+        version = await stack.enter_async_context(self.gate.generation(self.settings.request_timeout_s))
+        self.metrics.inflight.inc()
+        stack.callback(self.metrics.inflight.dec)
+        call = _Call(self, rollout_id, self.store.next_call_index(rollout_id), endpoint, upstream_body,
+                     version, tag)
+        try:
+            if upstream_body.get("stream"):
+                return await self._stream(call, asked, stack)
+            async with stack:
+                return await self._unary(call, asked)
+        except BaseException:
+            await stack.aclose()
+            raise
+
+    async def _unary(self, call: _Call, asked: AgentAsked) -> Response:
+        try:
+            resp = await self.client.post(_UPSTREAM_PATH[call.endpoint], json=call.request)
+        except httpx.HTTPError as exc:
+            err = self._upstream_error(exc)
+            call.finish(None, err.status, err.message)
+            raise err from None
+        if resp.status_code != 200:
+            return call.upstream_failed(resp.status_code, resp.content)
+        data = resp.json()
+        call.finish(output_from_response(data, call.endpoint))
+        return JSONResponse(strip_response(data, asked))
+
+    async def _stream(self, call: _Call, asked: AgentAsked, stack: AsyncExitStack) -> Response:
+        req = self.client.build_request("POST", _UPSTREAM_PATH[call.endpoint], json=call.request)
+        try:
+            resp = await self.client.send(req, stream=True)
+        except httpx.HTTPError as exc:
+            err = self._upstream_error(exc)
+            call.finish(None, err.status, err.message)
+            raise err from None
+        stack.push_async_callback(resp.aclose)
+        if resp.status_code != 200:
+            content = await resp.aread()
+            return call.upstream_failed(resp.status_code, content)
+
+        async def relay() -> AsyncIterator[bytes]:
+            acc = StreamAccumulator(call.endpoint)
+            status, error = 499, "client disconnected before the stream ended"
+            upstream_error = None
+            try:
+                async for line in resp.aiter_lines():
+                    chunk = parse_sse_line(line)
+                    if chunk is None:
+                        if line.startswith("data:"):
+                            yield b"data: [DONE]\n\n"
+                        continue
+                    acc.add(chunk)
+                    if "error" in chunk and not chunk.get("choices"):
+                        upstream_error = json.dumps(chunk["error"])
+                    elif not chunk.get("choices") and not asked.usage_in_stream:
+                        continue
+                    yield b"data: " + json.dumps(strip_response(chunk, asked)).encode() + b"\n\n"
+                status, error = (500, upstream_error) if upstream_error else (200, None)
+            except httpx.HTTPError as exc:
+                err = self._upstream_error(exc)
+                status, error = err.status, f"stream broken: {err.message}"
+                yield b"data: " + json.dumps(error_body(err.status, error, err.code)).encode() + b"\n\n"
+            finally:
+                call.finish(acc.result(), status, error)
+                await stack.aclose()
+
+        return StreamingResponse(relay(), media_type="text/event-stream")
+
+
+class _Call:
+    """One proxied call in progress; ``finish`` records it exactly once."""
+
+    def __init__(self, proxy: Proxy, rollout_id: str, index: int, endpoint: Endpoint,
+                 request: dict[str, Any], version: int, tag: str | None) -> None:
+        self.proxy, self.rollout_id, self.index, self.endpoint = proxy, rollout_id, index, endpoint
+        self.request, self.version, self.tag = request, version, tag
+        self.started_at = time.time()
+        self._t0 = time.perf_counter()
+
+    def finish(self, output: CallOutput | None, status: int = 200, error: str | None = None) -> None:
+        m = self.proxy.metrics
+        m.requests.labels(self.endpoint, str(status)).inc()
+        m.latency.labels(self.endpoint).observe(time.perf_counter() - self._t0)
+        if output is not None and status == 200:
+            m.prompt_tokens.inc(len(output.prompt_token_ids))
+            m.completion_tokens.inc(len(output.completion_token_ids))
+        self.proxy.store.add(build_record(
+            rollout_id=self.rollout_id, call_index=self.index, endpoint=self.endpoint, request=self.request,
+            output=output, weight_version=self.version, started_at=self.started_at, ended_at=time.time(),
+            tag=self.tag, status=status, error=error,
+        ))
+
+    def upstream_failed(self, status: int, content: bytes) -> Response:
+        """Record vLLM's error and hand it to the agent (OpenAI-style, wrapped if it was not JSON)."""
+        try:
+            body = json.loads(content)
+            message = (body.get("error") or {}).get("message") or str(body)
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            message = f"vLLM answered {status}: {content[:500].decode(errors='replace')}"
+            body = error_body(status, message, "upstream_error")
+        self.proxy.metrics.errors.labels(f"upstream_{status}").inc()
+        self.finish(None, status, message)
+        return JSONResponse(body, status_code=status)
+
+
+def _bearer(request: Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    return auth[7:].strip() or None if auth.lower().startswith("bearer ") else None
+
+
+def create_app(settings: ServeSettings) -> FastAPI:
+    proxy = Proxy(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            await proxy.model_list()
+        except ProxyError:
+            pass  # upstream not up yet: the first call looks again
+        yield
+        await proxy.client.aclose()
+        proxy.store.close()
+
+    app = FastAPI(title="aitlrt-serve", lifespan=lifespan)
+    app.state.proxy = proxy
+
+    def check_key(request: Request) -> None:
+        if settings.api_key and _bearer(request) != settings.api_key:
+            raise ProxyError(401, "invalid or missing API key (Authorization: Bearer <key>)", code="invalid_api_key")
+
+    def check_id(rollout_id: str) -> str:
+        if not valid_rollout_id(rollout_id):
+            raise ProxyError(400, f"invalid rollout id {rollout_id[:80]!r}: use 1-128 of [A-Za-z0-9._-]",
+                             code="invalid_rollout_id", param="rollout_id")
+        return rollout_id
+
+    def id_from_key(request: Request) -> str:
+        """Plain /v1 routes: the Bearer key is the rollout id (``KEY:ID`` when --api-key is set)."""
+        token = _bearer(request)
+        if settings.api_key:
+            if token == settings.api_key:
+                return UNATTRIBUTED
+            prefix = settings.api_key + ":"
+            if not token or not token.startswith(prefix):
+                raise ProxyError(401, "invalid or missing API key (Bearer <key> or <key>:<rollout_id>)",
+                                 code="invalid_api_key")
+            return check_id(token[len(prefix):])
+        return check_id(token) if token else UNATTRIBUTED
+
+    @app.exception_handler(ProxyError)
+    async def _proxy_error(request: Request, exc: ProxyError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.code, exc.param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = f"no route {request.method} {request.url.path}" if exc.status_code in (404, 405) else exc.detail
+        return error_response(exc.status_code, str(message))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(400, f"invalid request: {exc.errors()}")
+
+    @app.post("/rollouts/{rollout_id}/v1/chat/completions")
+    async def rollout_chat(rollout_id: str, request: Request) -> Response:
+        check_key(request)
+        return await proxy.call(request, "chat", check_id(rollout_id))
+
+    @app.post("/rollouts/{rollout_id}/v1/completions")
+    async def rollout_completions(rollout_id: str, request: Request) -> Response:
+        check_key(request)
+        return await proxy.call(request, "completions", check_id(rollout_id))
+
+    @app.get("/rollouts/{rollout_id}/v1/models")
+    async def rollout_models(rollout_id: str, request: Request) -> dict[str, Any]:
+        check_key(request)
+        check_id(rollout_id)
+        return await proxy.model_list()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await proxy.call(request, "chat", id_from_key(request))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await proxy.call(request, "completions", id_from_key(request))
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        id_from_key(request)
+        return await proxy.model_list()
+
+    @app.get("/rollouts")
+    async def rollouts(request: Request) -> dict[str, Any]:
+        check_key(request)
+        return {"rollouts": proxy.store.summary()}
+
+    @app.get("/rollouts/{rollout_id}")
+    async def trace(rollout_id: str, request: Request) -> dict[str, Any]:
+        check_key(request)
+        calls = proxy.store.get(check_id(rollout_id))
+        if calls is None:
+            raise ProxyError(404, f"no calls recorded for rollout {rollout_id!r}", code="rollout_not_found")
+        return {"rollout_id": rollout_id, "calls": calls}
+
+    @app.delete("/rollouts/{rollout_id}")
+    async def delete(rollout_id: str, request: Request) -> dict[str, Any]:
+        check_key(request)
+        if not proxy.store.delete(check_id(rollout_id)):
+            raise ProxyError(404, f"no calls recorded for rollout {rollout_id!r}", code="rollout_not_found")
+        return {"deleted": rollout_id}
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        try:
+            resp = await proxy.client.get("/health", timeout=5.0)
+            upstream_ok = resp.status_code == 200
+        except httpx.HTTPError:
+            upstream_ok = False
+        body = {"status": "ok" if upstream_ok else "upstream_unavailable", "upstream": settings.upstream,
+                "weight_version": proxy.gate.version, "paused": proxy.gate.paused}
+        return JSONResponse(body, status_code=200 if upstream_ok else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        proxy.metrics.weight_version.set(proxy.gate.version)
+        return Response(generate_latest(proxy.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/weights")
+    async def weights(request: Request) -> dict[str, Any]:
+        check_key(request)
+        return {"weight_version": proxy.gate.version, "paused": proxy.gate.paused, "inflight": proxy.gate.inflight}
+
+    @app.post("/weights/reload")
+    async def reload(request: Request) -> dict[str, Any]:
+        """Reload weights from a safetensors folder visible to vLLM; bump the version."""
+        check_key(request)
+        path = (await _json_object(request)).get("path")
+        if not isinstance(path, str) or not path:
+            raise ProxyError(400, "'path' (a folder of safetensors visible to vLLM) is required", param="path")
+        start = time.perf_counter()
+        async with proxy.gate.update(settings.drain_timeout_s):
+            await _upstream_post(proxy, "/collective_rpc",
+                                 {"method": "reload_weights", "kwargs": {"weights_path": path}})
+            await _upstream_post(proxy, "/reset_prefix_cache", None)
+        return {"weight_version": proxy.gate.version, "reload_s": round(time.perf_counter() - start, 3)}
+
+    @app.post("/weights/pause")
+    async def pause(request: Request) -> dict[str, Any]:
+        """Hold new calls and wait for in-flight ones (before an NCCL sync that goes straight to vLLM)."""
+        check_key(request)
+        await proxy.gate.pause(settings.drain_timeout_s)
+        return {"weight_version": proxy.gate.version, "paused": True}
+
+    @app.post("/weights/resume")
+    async def resume(request: Request) -> dict[str, Any]:
+        """Reopen; ``{"version": N}`` records that the weights are now version N."""
+        check_key(request)
+        version = (await _json_object(request, allow_empty=True)).get("version")
+        if version is not None and (not isinstance(version, int) or version < 0):
+            raise ProxyError(400, "'version' must be a non-negative integer", param="version")
+        return {"weight_version": proxy.gate.resume(version), "paused": False}
+
+    return app
+
+
+async def _json_object(request: Request, allow_empty: bool = False) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw.strip() and allow_empty:
+        return {}
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ProxyError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise ProxyError(400, "request body must be a JSON object", code="invalid_json")
+    return body
+
+
+async def _upstream_post(proxy: Proxy, path: str, body: dict[str, Any] | None) -> None:
+    try:
+        resp = await proxy.client.post(path, json=body)
+    except httpx.HTTPError as exc:
+        raise proxy._upstream_error(exc) from None
+    if resp.status_code != 200:
+        raise ProxyError(502, f"vLLM {path} failed with {resp.status_code}: {resp.text[:500]}",
+                         code="weight_update_failed")

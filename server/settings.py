@@ -1,0 +1,21 @@
+"""Settings of one ``aitlrt-serve`` process."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class ServeSettings:
+    upstream: str
+    """Base URL of the vLLM OpenAI server, e.g. ``http://127.0.0.1:8001``."""
+    sampling: dict[str, Any] = field(default_factory=lambda: {"temperature": 1.0, "top_p": 1.0, "top_k": -1})
+    """The run's sampling parameters, forced on every call."""
+    run_dir: Path | None = None
+    """Where the append-only call journal lives; None keeps records in memory only."""
+    api_key: str | None = None
+    max_body_bytes: int = 16 * 2**20
+    request_timeout_s: float = 600.0
+    drain_timeout_s: float = 600.0

@@ -1,0 +1,105 @@
+"""Per-rollout call records: in memory for the trainer, and in an append-only JSONL journal that
+survives a proxy crash (reloaded on start; a torn last line is skipped)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+UNATTRIBUTED = "_unattributed"
+ROLLOUT_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+JOURNAL_NAME = "calls.jsonl"
+
+log = logging.getLogger(__name__)
+
+
+def valid_rollout_id(rollout_id: str) -> bool:
+    return bool(ROLLOUT_ID_RE.match(rollout_id)) and rollout_id not in {".", ".."}
+
+
+class TraceStore:
+    """Records of every proxied call, grouped by rollout id.
+
+    The journal holds one JSON object per line: a call record, or ``{"deleted": id}`` tombstone.
+    Call indices are assigned when a call starts, so concurrent calls of one rollout keep their order.
+    """
+
+    def __init__(self, run_dir: Path | None) -> None:
+        self._records: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self._next_index: dict[str, int] = defaultdict(int)
+        self._journal = None
+        if run_dir is not None:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            path = run_dir / JOURNAL_NAME
+            if path.exists():
+                self._replay(path)
+            self._journal = open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the store
+
+    def _replay(self, path: Path) -> None:
+        loaded = 0
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError:
+                    log.warning("journal %s: skipping unreadable line %d (torn write?)", path, lineno)
+                    continue
+                if "deleted" in entry:
+                    self._drop(entry["deleted"])
+                else:
+                    self._add(entry)
+                    loaded += 1
+        log.info("journal %s: reloaded %d calls of %d rollouts", path, loaded, len(self._records))
+
+    def next_call_index(self, rollout_id: str) -> int:
+        index = self._next_index[rollout_id]
+        self._next_index[rollout_id] = index + 1
+        return index
+
+    def _add(self, record: dict[str, Any]) -> None:
+        rid = record["rollout_id"]
+        calls = self._records[rid]
+        calls.append(record)
+        if len(calls) > 1 and calls[-2]["call_index"] > record["call_index"]:
+            calls.sort(key=lambda r: r["call_index"])
+        self._next_index[rid] = max(self._next_index[rid], record["call_index"] + 1)
+
+    def _drop(self, rollout_id: str) -> bool:
+        self._next_index.pop(rollout_id, None)
+        return self._records.pop(rollout_id, None) is not None
+
+    def _append(self, entry: dict[str, Any]) -> None:
+        if self._journal is not None:
+            self._journal.write(json.dumps(entry, separators=(",", ":")) + "\n")
+            self._journal.flush()
+
+    def add(self, record: dict[str, Any]) -> None:
+        """Keep a finished call: journal first, then memory."""
+        self._append(record)
+        self._add(record)
+
+    def get(self, rollout_id: str) -> list[dict[str, Any]] | None:
+        return self._records.get(rollout_id)
+
+    def delete(self, rollout_id: str) -> bool:
+        if rollout_id not in self._records and rollout_id not in self._next_index:
+            return False
+        self._append({"deleted": rollout_id})
+        self._drop(rollout_id)
+        return True
+
+    def summary(self) -> dict[str, int]:
+        """Rollout id -> number of recorded calls."""
+        return {rid: len(calls) for rid, calls in self._records.items()}
+
+    def close(self) -> None:
+        if self._journal is not None:
+            self._journal.flush()
+            os.fsync(self._journal.fileno())
+            self._journal.close()
+            self._journal = None
