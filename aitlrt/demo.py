@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 
 import httpx
+from aitlrt_server.upstream import free_port
 
 from aitlrt.model import prepare_bundled_model
 from aitlrt.serve_process import ServeProcess
-from aitlrt_server.upstream import free_port
 
 PROMPT = "Write a Python function `add(a, b)` that returns the sum of a and b."
 
@@ -20,7 +20,8 @@ def run_demo(run_dir: Path, max_tokens: int = 96) -> dict:
     port = free_port()
     serve = ServeProcess(
         ["--model", str(model), "--run-dir", str(run_dir), "--max-tokens", str(max_tokens), "--enforce-eager"],
-        port=port, log_path=run_dir / "serve.log",
+        port=port,
+        log_path=run_dir / "serve.log",
     )
     print(f"[aitlrt] starting aitlrt-serve + vLLM (CPU) with {model.name}; log: {serve.log_path}", flush=True)
     serve.start()
@@ -30,9 +31,19 @@ def run_demo(run_dir: Path, max_tokens: int = 96) -> dict:
         rollout = f"demo-{int(time.time())}"
         base = f"{serve.url}/rollouts/{rollout}/v1"
         t0 = time.perf_counter()
-        reply = httpx.post(f"{base}/chat/completions", timeout=300, json={
-            "model": "any", "messages": [{"role": "user", "content": PROMPT}], "temperature": 0,
-        }).raise_for_status().json()
+        reply = (
+            httpx.post(
+                f"{base}/chat/completions",
+                timeout=300,
+                json={
+                    "model": "any",
+                    "messages": [{"role": "user", "content": PROMPT}],
+                    "temperature": 0,
+                },
+            )
+            .raise_for_status()
+            .json()
+        )
         latency = time.perf_counter() - t0
         trace = httpx.get(f"{serve.url}/rollouts/{rollout}", timeout=30).raise_for_status().json()
     finally:
@@ -50,12 +61,18 @@ def _show(rollout: str, base: str, reply: dict, trace: dict, latency: float, run
     print(f"\n== the agent's view: POST {base}/chat/completions ({latency:.1f}s) ==")
     print(f"user: {PROMPT}\nassistant: {content}\n")
     print(f"== what aitlrt-serve recorded for rollout {rollout} ==")
-    print(f"calls: {len(trace['calls'])}  weight_version: {call['weight_version']}  "
-          f"finish_reason: {call['finish_reason']}")
-    print(f"forced sampling: temperature={call['request'].get('temperature')} (agent asked 0), "
-          f"top_p={call['request'].get('top_p')}, max_tokens={call['request'].get('max_tokens')}")
-    print(f"prompt tokens: {len(call['prompt_token_ids'])}  sampled tokens: {len(call['completion_token_ids'])}  "
-          f"logprobs: {len(call['logprobs'])}")
+    print(
+        f"calls: {len(trace['calls'])}  weight_version: {call['weight_version']}  "
+        f"finish_reason: {call['finish_reason']}"
+    )
+    print(
+        f"forced sampling: temperature={call['request'].get('temperature')} (agent asked 0), "
+        f"top_p={call['request'].get('top_p')}, max_tokens={call['request'].get('max_tokens')}"
+    )
+    print(
+        f"prompt tokens: {len(call['prompt_token_ids'])}  sampled tokens: {len(call['completion_token_ids'])}  "
+        f"logprobs: {len(call['logprobs'])}"
+    )
     print(f"{'#':>3}  {'token id':>8}  {'logprob':>8}  token")
     for i, (tid, lp) in enumerate(zip(call["completion_token_ids"][:12], call["logprobs"][:12], strict=False)):
         print(f"{i:>3}  {tid:>8}  {lp:>8.3f}  {tok.decode([tid])!r}")

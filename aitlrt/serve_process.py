@@ -12,6 +12,35 @@ from pathlib import Path
 import httpx
 
 
+def wait_http(
+    url: str,
+    proc: subprocess.Popen | None = None,
+    timeout_s: float = 60.0,
+    any_status: bool = False,
+    progress: str | None = None,
+) -> float:
+    """Poll ``url`` until it answers 200 (any status with ``any_status``); return the seconds waited.
+
+    Raises RuntimeError if ``proc`` exits first, TimeoutError after ``timeout_s``.
+    """
+    start = last = time.monotonic()
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
+        try:
+            if httpx.get(url, timeout=5).status_code == 200 or any_status:
+                return time.monotonic() - start
+        except httpx.HTTPError:
+            pass
+        now = time.monotonic()
+        if now - start > timeout_s:
+            raise TimeoutError(f"{url} did not answer within {timeout_s:.0f}s")
+        if progress and now - last > 10:
+            print(f"[aitlrt] {progress} ({now - start:.0f}s) ...", flush=True)
+            last = now
+        time.sleep(0.25)
+
+
 class ServeProcess:
     """``aitlrt-serve ARGS`` in its own process group; ``with`` waits for health and stops it afterwards."""
 
@@ -25,30 +54,27 @@ class ServeProcess:
     def start(self) -> ServeProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self._argv, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(
+                self._argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
         return self
 
-    def wait_ready(self, timeout_s: float = 900.0, progress: bool = False) -> float:
-        """Until ``/health`` is 200 (vLLM included); raises with the log's tail if the process dies."""
-        start = last = time.monotonic()
-        while True:
-            if self.proc is not None and self.proc.poll() is not None:
-                tail = self.log_path.read_text(errors="replace")[-4000:]
-                raise RuntimeError(f"aitlrt-serve exited with {self.proc.returncode}:\n{tail}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
-                    return time.monotonic() - start
-            except httpx.HTTPError:
-                pass
-            now = time.monotonic()
-            if now - start > timeout_s:
-                self.stop()
-                raise TimeoutError(f"aitlrt-serve not ready after {timeout_s:.0f}s (log: {self.log_path})")
-            if progress and now - last > 10:
-                print(f"[aitlrt] waiting for aitlrt-serve and vLLM ({now - start:.0f}s) ...", flush=True)
-                last = now
-            time.sleep(0.5)
+    def wait_ready(self, timeout_s: float = 900.0, progress: bool = False, upstream: bool = True) -> float:
+        """Until ``/health`` is 200 (vLLM included; any answer with ``upstream=False``); raises with the
+        log's tail if the process dies."""
+        try:
+            return wait_http(
+                f"{self.url}/health",
+                self.proc,
+                timeout_s,
+                any_status=not upstream,
+                progress="waiting for aitlrt-serve and vLLM" if progress else None,
+            )
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}; log tail:\n{self.log_path.read_text(errors='replace')[-4000:]}") from None
+        except TimeoutError:
+            self.stop()
+            raise
 
     def kill(self) -> None:
         """SIGKILL the proxy alone, as a crash would (a supervised vLLM is left orphaned: use with --upstream)."""

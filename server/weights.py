@@ -56,9 +56,7 @@ class WeightGate:
             await asyncio.wait_for(self._idle.wait(), drain_s)
         except TimeoutError:
             self._open.set()
-            raise ProxyError(
-                503, f"{self._inflight} calls still in flight after {drain_s:.0f}s; not paused"
-            ) from None
+            raise ProxyError(503, f"{self._inflight} calls still in flight after {drain_s:.0f}s; not paused") from None
 
     def resume(self, version: int | None = None) -> int:
         """Reopen the gate, at ``version`` when given; returns the version now current."""

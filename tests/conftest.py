@@ -1,0 +1,130 @@
+"""Shared fixtures: one real vLLM CPU server behind one real ``aitlrt-serve`` for the whole session,
+a scripted vLLM-shaped upstream for fault injection, and a factory for extra proxies."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from aitlrt_server.upstream import free_port
+
+from aitlrt.model import prepare_bundled_model
+from aitlrt.serve_process import ServeProcess, wait_http
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+
+@dataclass
+class Served:
+    url: str
+    vllm_url: str
+    run_dir: Path
+    vllm_log: Path
+    model_dir: Path
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    return prepare_bundled_model()
+
+
+@pytest.fixture(scope="session")
+def tokenizer(model_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+@pytest.fixture(scope="session")
+def served(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """``aitlrt-serve --model <bundled>`` supervising a real vLLM CPU server (requests logged)."""
+    run_dir = tmp_path_factory.mktemp("served")
+    vllm_port = free_port()
+    vllm_log = run_dir / "vllm.log"
+    serve = ServeProcess(
+        [
+            "--model",
+            str(model_dir),
+            "--run-dir",
+            str(run_dir),
+            "--vllm-port",
+            str(vllm_port),
+            "--vllm-log",
+            str(vllm_log),
+            "--max-tokens",
+            "48",
+            "--temperature",
+            "1.0",
+            "--top-p",
+            "0.95",
+            "--enforce-eager",
+            "--enable-log-requests",
+        ],
+        port=free_port(),
+        log_path=run_dir / "serve.log",
+    )
+    with serve:
+        yield Served(serve.url, f"http://127.0.0.1:{vllm_port}", run_dir, vllm_log, model_dir)
+    assert httpx_down(f"http://127.0.0.1:{vllm_port}/health"), "vLLM outlived aitlrt-serve"
+
+
+def httpx_down(url: str) -> bool:
+    try:
+        httpx.get(url, timeout=2)
+    except httpx.HTTPError:
+        return True
+    return False
+
+
+@pytest.fixture(scope="session")
+def scripted_upstream() -> Iterator[str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aitlrt_server.scripted_upstream", "--port", str(port)], stdin=subprocess.DEVNULL
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{url}/health", proc)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.fixture
+def start_proxy(tmp_path: Path) -> Iterator[Callable[..., ServeProcess]]:
+    """Start ``aitlrt-serve --upstream URL [args]``; every proxy started is stopped after the test."""
+    started: list[ServeProcess] = []
+
+    def start(upstream: str, *args: str, run_dir: Path | None = None, wait_upstream: bool = True) -> ServeProcess:
+        run_dir = run_dir or tmp_path / f"proxy{len(started)}"
+        proxy = ServeProcess(
+            ["--upstream", upstream, "--run-dir", str(run_dir), *args],
+            port=free_port(),
+            log_path=tmp_path / f"proxy{len(started)}.log",
+        )
+        started.append(proxy.start())
+        proxy.wait_ready(timeout_s=60, upstream=wait_upstream)
+        return proxy
+
+    yield start
+    for proxy in started:
+        proxy.stop()
+
+
+def chat(url: str, rollout: str, content: str, **extra) -> httpx.Response:
+    body = {"model": "whatever", "messages": [{"role": "user", "content": content}], **extra}
+    return httpx.post(f"{url}/rollouts/{rollout}/v1/chat/completions", json=body, timeout=300)
+
+
+def trace(url: str, rollout: str) -> list[dict]:
+    resp = httpx.get(f"{url}/rollouts/{rollout}", timeout=30)
+    assert resp.status_code == 200, resp.text
+    return resp.json()["calls"]

@@ -1,0 +1,122 @@
+"""The pure parts of the proxy: request rewriting, reply stripping, stream accumulation, the store."""
+
+from __future__ import annotations
+
+import pytest
+from aitlrt_server.errors import ProxyError
+from aitlrt_server.exchange import StreamAccumulator, parse_sse_line, prepare_request, strip_response
+from aitlrt_server.store import TraceStore, valid_rollout_id
+
+RUN = {"temperature": 1.0, "top_p": 0.9, "top_k": -1, "max_tokens": 64}
+
+
+def test_prepare_request_forces_the_runs_sampling_and_asks_for_ids():
+    body = {
+        "model": "openai/foo",
+        "messages": [{"role": "user", "content": "x"}],
+        "temperature": 0,
+        "max_completion_tokens": 5,
+        "presence_penalty": 2.0,
+        "seed": 3,
+        "stream": True,
+    }
+    out, asked = prepare_request(body, "chat", RUN, "served")
+    assert out["model"] == "served" and out["seed"] == 3
+    assert {k: out[k] for k in RUN} == RUN
+    assert "presence_penalty" not in out and "max_completion_tokens" not in out
+    assert out["logprobs"] is True and out["return_token_ids"] is True
+    assert out["stream_options"] == {"include_usage": True}
+    assert asked.logprobs is False and asked.usage_in_stream is False
+    assert body["temperature"] == 0, "the agent's body is not modified"
+
+
+@pytest.mark.parametrize(
+    "body", [{}, {"messages": []}, {"messages": "hi"}, {"messages": ["hi"]}, {"messages": [{"role": "user"}], "n": 2}]
+)
+def test_prepare_request_rejects_bad_chat_bodies(body):
+    with pytest.raises(ProxyError) as err:
+        prepare_request(body, "chat", RUN, "m")
+    assert err.value.status == 400
+
+
+def test_completions_logprobs_the_agent_asked_for_are_kept():
+    out, asked = prepare_request({"prompt": "x", "logprobs": 2}, "completions", RUN, "m")
+    assert out["logprobs"] == 2 and asked.logprobs
+    out, asked = prepare_request({"prompt": [1, 2]}, "completions", RUN, "m")
+    assert out["logprobs"] == 0 and not asked.logprobs
+    choice = {"text": "a", "token_ids": [5], "logprobs": {}, "prompt_token_ids": [1]}
+    data = {"prompt_token_ids": [1], "choices": [choice]}
+    assert strip_response(data, asked) == {"choices": [{"text": "a"}]}
+
+
+def test_stream_accumulator_merges_text_ids_logprobs_and_tool_calls():
+    acc = StreamAccumulator("chat")
+    acc.add({"id": "c1", "prompt_token_ids": [1, 2], "choices": [{"delta": {"role": "assistant", "content": ""}}]})
+    acc.add(
+        {
+            "choices": [
+                {
+                    "delta": {
+                        "content": "Hel",
+                        "tool_calls": [{"index": 0, "id": "t", "function": {"name": "edit", "arguments": '{"a"'}}],
+                    },
+                    "token_ids": [7, 8],
+                    "logprobs": {"content": [{"logprob": -0.1}, {"logprob": -0.2}]},
+                }
+            ]
+        }
+    )
+    acc.add(
+        {
+            "choices": [
+                {
+                    "delta": {"content": "lo", "tool_calls": [{"index": 0, "function": {"arguments": ":1}"}}]},
+                    "token_ids": [9],
+                    "logprobs": {"content": [{"logprob": -0.3}]},
+                    "finish_reason": "stop",
+                }
+            ]
+        }
+    )
+    acc.add({"choices": [], "usage": {"completion_tokens": 3}})
+    out = acc.result()
+    assert out.prompt_token_ids == [1, 2] and out.completion_token_ids == [7, 8, 9]
+    assert out.logprobs == [-0.1, -0.2, -0.3] and out.text == "Hello" and out.finish_reason == "stop"
+    assert out.message["tool_calls"] == [{"id": "t", "function": {"name": "edit", "arguments": '{"a":1}'}}]
+    assert out.usage == {"completion_tokens": 3} and out.response_id == "c1"
+
+
+def test_parse_sse_line():
+    assert parse_sse_line('data: {"a": 1}') == {"a": 1}
+    assert parse_sse_line("data: [DONE]") is None
+    assert parse_sse_line(": keep-alive") is None
+
+
+@pytest.mark.parametrize(
+    ("rid", "ok"),
+    [
+        ("r-1.a_B", True),
+        ("", False),
+        ("a b", False),
+        ("a/b", False),
+        ("..", False),
+        ("x" * 128, True),
+        ("x" * 129, False),
+    ],
+)
+def test_rollout_id_validation(rid, ok):
+    assert valid_rollout_id(rid) is ok
+
+
+def test_store_orders_calls_by_index_and_replays_tombstones(tmp_path):
+    store = TraceStore(tmp_path)
+    first, second = store.next_call_index("r"), store.next_call_index("r")
+    store.add({"rollout_id": "r", "call_index": second})
+    store.add({"rollout_id": "r", "call_index": first})
+    store.add({"rollout_id": "gone", "call_index": store.next_call_index("gone")})
+    assert store.delete("gone") and not store.delete("gone")
+    assert [c["call_index"] for c in store.get("r")] == [0, 1]
+    store.close()
+    again = TraceStore(tmp_path)
+    assert again.summary() == {"r": 2}
+    assert again.next_call_index("r") == 2 and again.next_call_index("gone") == 0
