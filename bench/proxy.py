@@ -1,0 +1,159 @@
+"""Benchmark of aitlrt-serve: direct-to-vLLM vs through the proxy, side by side in one run.
+
+1. Real vLLM CPU server with the bundled model: tokens/s and p50/p99 latency at concurrency 1, 8, 32,
+   direct and through the proxy in alternating rounds (this machine is noisy; medians of the rounds).
+2. Null upstream (the scripted, instant vLLM-shaped server): the proxy's own cost, requests/s and the
+   added p50/p99 milliseconds per call.
+
+Run: ``python bench/proxy.py`` (no arguments; ``--quick`` for a short smoke run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from tempfile import mkdtemp
+
+import httpx
+from aitlrt_server.upstream import VLLMServer, free_port
+
+from aitlrt.model import prepare_bundled_model
+from aitlrt.serve_process import ServeProcess, wait_http
+
+MAX_TOKENS = 32
+
+
+async def _round(url: str, concurrency: int, requests: int, body: dict) -> tuple[float, list[float], int]:
+    """Send ``requests`` calls, ``concurrency`` at a time; return (wall s, latencies s, completion tokens)."""
+    latencies: list[float] = []
+    tokens = 0
+    queue = list(range(requests))
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+
+        async def worker() -> None:
+            nonlocal tokens
+            while queue:
+                queue.pop()
+                t0 = time.perf_counter()
+                resp = await client.post(url, json=body)
+                latencies.append(time.perf_counter() - t0)
+                resp.raise_for_status()
+                tokens += resp.json()["usage"]["completion_tokens"]
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return time.perf_counter() - start, latencies, tokens
+
+
+def _pct(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
+
+
+def compare(direct: str, proxied: str, concurrency: int, requests: int, rounds: int, body: dict) -> dict:
+    """Alternate direct and proxied rounds; medians of per-round throughput, pooled latency percentiles."""
+    stats = {"direct": {"tps": [], "rps": [], "lat": []}, "proxy": {"tps": [], "rps": [], "lat": []}}
+    for _ in range(rounds):
+        for name, url in (("direct", direct), ("proxy", proxied)):
+            wall, lat, tokens = asyncio.run(_round(url, concurrency, requests, body))
+            stats[name]["tps"].append(tokens / wall)
+            stats[name]["rps"].append(requests / wall)
+            stats[name]["lat"].extend(lat)
+    return {
+        name: {
+            "tps": statistics.median(s["tps"]),
+            "rps": statistics.median(s["rps"]),
+            "p50": _pct(s["lat"], 50) * 1e3,
+            "p99": _pct(s["lat"], 99) * 1e3,
+        }
+        for name, s in stats.items()
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run, not for the table)")
+    args = parser.parse_args()
+    rounds = 2 if args.quick else 3
+    work = Path(mkdtemp(prefix="aitlrt-bench-proxy-"))
+    messages = [{"role": "user", "content": "Write a Python function that reverses a linked list."}]
+    body = {
+        "model": "m",
+        "messages": messages,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": -1,
+        "ignore_eos": True,
+    }
+    proxy_args = ["--max-tokens", str(MAX_TOKENS), "--run-dir", str(work / "journal")]
+    rows = []
+
+    model = prepare_bundled_model()
+    vllm = VLLMServer(
+        str(model), served_model_name=model.name, extra_args=["--enforce-eager"], log_path=work / "vllm.log"
+    )
+    print(f"[bench] starting vLLM CPU with {model.name} (log {vllm.log_path})", flush=True)
+    vllm.start()
+    try:
+        vllm.wait_healthy()
+        with ServeProcess(["--upstream", vllm.url, *proxy_args], port=free_port(), log_path=work / "proxy.log") as px:
+            direct, proxied = f"{vllm.url}/v1/chat/completions", f"{px.url}/rollouts/bench/v1/chat/completions"
+            asyncio.run(_round(proxied, 4, 8, body))  # warm-up
+            for conc, requests in (
+                (1, 6 if args.quick else 10),
+                (8, 16 if args.quick else 24),
+                (32, 64 if args.quick else 96),
+            ):
+                print(f"[bench] vLLM concurrency {conc}: {rounds} rounds x {requests} requests each way", flush=True)
+                rows.append(("vLLM CPU", conc, compare(direct, proxied, conc, requests, rounds, body)))
+    finally:
+        vllm.stop()
+
+    port = free_port()
+    null = subprocess.Popen(
+        [sys.executable, "-m", "aitlrt_server.scripted_upstream", "--port", str(port)], stdin=subprocess.DEVNULL
+    )
+    try:
+        null_url = f"http://127.0.0.1:{port}"
+        wait_http(f"{null_url}/health", null)
+        with ServeProcess(
+            ["--upstream", null_url, *proxy_args], port=free_port(), log_path=work / "proxy-null.log"
+        ) as px:
+            direct, proxied = f"{null_url}/v1/chat/completions", f"{px.url}/rollouts/bench/v1/chat/completions"
+            asyncio.run(_round(proxied, 4, 50, body))  # warm-up
+            for conc, requests in ((1, 100 if args.quick else 300), (32, 320 if args.quick else 960)):
+                print(f"[bench] null upstream concurrency {conc}", flush=True)
+                rows.append(("null", conc, compare(direct, proxied, conc, requests, rounds, body)))
+    finally:
+        null.terminate()
+        null.wait(10)
+
+    print(
+        "\n| upstream | conc | direct tok/s | proxy tok/s | ratio | direct req/s | proxy req/s | "
+        "direct p50 ms | proxy p50 ms | direct p99 ms | proxy p99 ms |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for upstream, conc, r in rows:
+        d, p = r["direct"], r["proxy"]
+        print(
+            f"| {upstream} | {conc} | {d['tps']:.0f} | {p['tps']:.0f} | {p['tps'] / d['tps']:.3f} | "
+            f"{d['rps']:.1f} | {p['rps']:.1f} | {d['p50']:.1f} | {p['p50']:.1f} | {d['p99']:.1f} | {p['p99']:.1f} |"
+        )
+    print()
+    for upstream, conc, r in rows:
+        if upstream == "vLLM CPU":
+            ratio = r["proxy"]["tps"] / r["direct"]["tps"]
+            print(f"TARGET throughput_ratio_c{conc} {ratio:.3f} 0.97 {'PASS' if ratio >= 0.97 else 'MISS'}")
+    null1 = next(r for u, c, r in rows if u == "null" and c == 1)
+    added = null1["proxy"]["p50"] - null1["direct"]["p50"]
+    print(f"TARGET added_p50_ms {added:.2f} 2.0 {'PASS' if added <= 2.0 else 'MISS'}")
+
+
+if __name__ == "__main__":
+    main()
