@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
 from pathlib import Path
 
 
@@ -20,7 +22,12 @@ def main(argv: list[str] | None = None) -> None:
     demo.add_argument("--run-dir", type=Path, default=Path("runs/demo"))
     demo.add_argument("--max-tokens", type=int, default=96)
 
+    from aitlrt import rollout_cli
+
+    rollout_cli.add_parser(verbs)
+
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the `finally`s that stop child servers
     if args.verb == "model":
         from aitlrt.model import bundled_model_dir, prepare_bundled_model
 
@@ -33,6 +40,8 @@ def main(argv: list[str] | None = None) -> None:
         from aitlrt.demo import run_demo
 
         run_demo(args.run_dir, args.max_tokens)
+    elif args.verb == "rollout":
+        rollout_cli.run(args)
 
 
 if __name__ == "__main__":

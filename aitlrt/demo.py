@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 
 import httpx
-from aitlrt_server.upstream import free_port
 
 from aitlrt.model import prepare_bundled_model
 from aitlrt.serve_process import ServeProcess
+from aitlrt_server.upstream import free_port
 
 PROMPT = "Write a Python function `add(a, b)` that returns the sum of a and b."
 

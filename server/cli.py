@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 
 import uvicorn
+
 from aitlrt_server.app import create_app
 from aitlrt_server.settings import ServeSettings
 from aitlrt_server.upstream import VLLMServer

@@ -203,6 +203,7 @@ def build_record(
     tag: str | None,
     status: int = 200,
     error: str | None = None,
+    error_code: str | None = None,
 ) -> dict[str, Any]:
     """One line of the journal: everything the trainer needs to rebuild the sampled tokens exactly."""
     out = output or CallOutput()
@@ -213,6 +214,7 @@ def build_record(
         "tag": tag,
         "status": status,
         "error": error,
+        "error_code": error_code,
         "weight_version": weight_version,
         "started_at": started_at,
         "ended_at": ended_at,

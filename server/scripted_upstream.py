@@ -8,6 +8,9 @@ unless the last message (or prompt) asks for a fault:
 - ``fault:error400``        400 with an OpenAI-style body
 - ``fault:stream-drop``     (streaming) send two chunks, then cut the connection
 
+and ``POST /script {"match": S, "reply": R}`` makes every later call whose messages contain ``S`` answer
+``R`` (to drive a real agent through a known edit).
+
 Run: ``python -m aitlrt_server.scripted_upstream --port 8001``.
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -55,8 +59,20 @@ def _logprobs_entry(chat: bool, tokens: list[tuple[str, int]]) -> dict[str, Any]
     }
 
 
+def _tokens_of(reply: str) -> list[tuple[str, int]]:
+    """Split a scripted reply into fake tokens (words with their leading spaces) with made-up ids."""
+    return [(piece, 1000 + n) for n, piece in enumerate(re.findall(r"\s*\S+|\s+", reply))]
+
+
 def create_app() -> FastAPI:
     app = FastAPI()
+    scripts: list[tuple[str, str]] = []
+
+    @app.post("/script")
+    async def script(request: Request) -> dict[str, int]:
+        body = await request.json()
+        scripts.append((body["match"], body["reply"]))
+        return {"scripts": len(scripts)}
 
     @app.get("/health")
     async def health() -> Response:
@@ -78,9 +94,12 @@ def create_app() -> FastAPI:
                 {"error": {"message": "scripted bad request", "type": "BadRequestError", "param": None, "code": 400}},
                 status_code=400,
             )
-        max_tokens = body.get("max_tokens") or len(REPLY_TOKENS)
-        tokens = REPLY_TOKENS[:max_tokens]
-        finish = "stop" if len(tokens) == len(REPLY_TOKENS) else "length"
+        everything = json.dumps(body.get("messages") or body.get("prompt"))
+        scripted = next((_tokens_of(r) for m, r in reversed(scripts) if json.dumps(m)[1:-1] in everything), None)
+        reply = scripted or REPLY_TOKENS
+        max_tokens = body.get("max_tokens") or len(reply)
+        tokens = reply[:max_tokens]
+        finish = "stop" if len(tokens) == len(reply) else "length"
         prompt_ids = _prompt_ids(body)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-scripted-{time.monotonic_ns()}"
         usage = {

@@ -36,10 +36,11 @@ class WeightGate:
     @asynccontextmanager
     async def generation(self, wait_s: float) -> AsyncIterator[int]:
         """Enter for one call (waiting while paused); yields the weight version the call runs under."""
-        try:
-            await asyncio.wait_for(self._open.wait(), wait_s)
-        except TimeoutError:
-            raise ProxyError(503, f"weights are being updated; still paused after {wait_s:.0f}s") from None
+        if not self._open.is_set():
+            try:
+                await asyncio.wait_for(self._open.wait(), wait_s)
+            except TimeoutError:
+                raise ProxyError(503, f"weights are being updated; still paused after {wait_s:.0f}s") from None
         self._inflight += 1
         self._idle.clear()
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from aitlrt_server.errors import ProxyError
 from aitlrt_server.exchange import StreamAccumulator, parse_sse_line, prepare_request, strip_response
 from aitlrt_server.store import TraceStore, valid_rollout_id

@@ -8,8 +8,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-from aitlrt_server.upstream import free_port
 
+from aitlrt_server.upstream import free_port
 from tests.conftest import chat, trace
 
 

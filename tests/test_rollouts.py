@@ -1,0 +1,177 @@
+"""Rollouts with real agents (Aider from its own venv, and our single-call agent) through a real aitlrt-serve:
+against the scripted upstream for exact edits and faults, and against the real vLLM CPU server."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from aitlrt.agents.aider import AiderAgent, aider_venv
+from aitlrt.agents.base import AgentExit, AgentTask, ModelEndpoint, run_process_group
+from aitlrt.agents.single_call import SingleCallAgent
+from aitlrt.rollouts import RolloutRequest, RolloutRunner
+from aitlrt.workspace import Workspace, git
+from aitlrt_server.upstream import free_port
+
+BASE = "def add(a, b):\n    return a - b\n\n\ndef sub(a, b):\n    return a - b\n"
+FIXED = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
+
+pytestmark = pytest.mark.skipif(not (aider_venv() / "bin" / "aider").exists(), reason="run jobs/setup.sh first")
+
+
+@pytest.fixture
+def repo(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "calc.py").write_text(BASE)
+    git("init", "-q", cwd=src)
+    git("add", "-A", cwd=src)
+    git("commit", "-q", "-m", "base", cwd=src)
+    return src, git("rev-parse", "HEAD", cwd=src).strip()
+
+
+def expected_patch(tmp_path, src, base, files: dict[str, str]) -> str:
+    check = tmp_path / "expected"
+    git("clone", "-q", src, check, cwd=tmp_path)
+    git("checkout", "-q", base, cwd=check)
+    for name, content in files.items():
+        (check / name).write_text(content)
+    git("add", "-A", cwd=check)
+    return git("diff", "--cached", "--binary", base, cwd=check)
+
+
+def script(upstream: str, match: str, reply: str) -> None:
+    httpx.post(f"{upstream}/script", json={"match": match, "reply": reply}).raise_for_status()
+
+
+def agent_processes() -> int:
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return sum(str(aider_venv()) in line or "aitlrt.agents.single_call" in line for line in out.splitlines())
+
+
+def runner(agent, proxy_url, tmp_path, **kw) -> RolloutRunner:
+    return RolloutRunner(agent, proxy_url, kw.pop("model", "scripted"), workspaces=tmp_path / "ws", **kw)
+
+
+WHOLE_REPLY = f"calc.py\n```python\n{FIXED}```\n\nNOTES.md\n```\nadd was wrong\n```\n"
+DIFF_REPLY = (
+    "calc.py\n```python\n<<<<<<< SEARCH\ndef add(a, b):\n    return a - b\n=======\n"
+    "def add(a, b):\n    return a + b\n>>>>>>> REPLACE\n```\n\n"
+    "NOTES.md\n```\n<<<<<<< SEARCH\n=======\nadd was wrong\n>>>>>>> REPLACE\n```\n"
+)
+
+
+@pytest.mark.parametrize(("edit_format", "reply"), [("whole", WHOLE_REPLY), ("diff", DIFF_REPLY)])
+def test_aider_applies_a_known_edit_exactly(edit_format, reply, repo, scripted_upstream, start_proxy, tmp_path):
+    src, base = repo
+    proxy = start_proxy(scripted_upstream)
+    marker = f"TASK-{edit_format}-edit"
+    script(scripted_upstream, marker, reply)
+    task = AgentTask("t1", f"{marker}: fix add() in calc.py and write NOTES.md", ("calc.py",))
+    (out,) = runner(AiderAgent(edit_format=edit_format), proxy.url, tmp_path, timeout_s=120).run(
+        [RolloutRequest(f"edit-{edit_format}", task, src, base)]
+    )
+    assert out.status == "ok", (out.reason, out.log_tail)
+    assert out.patch == expected_patch(tmp_path, src, base, {"calc.py": FIXED, "NOTES.md": "add was wrong\n"})
+    assert out.calls >= 1 and all(c["completion_token_ids"] for c in out.trace if c["status"] == 200)
+    assert list((tmp_path / "ws").iterdir()) == []
+
+
+def test_16_concurrent_rollouts_do_not_cross(repo, scripted_upstream, start_proxy, tmp_path):
+    src, base = repo
+    proxy = start_proxy(scripted_upstream)
+    before = agent_processes()
+    requests = []
+    for i in range(16):
+        script(scripted_upstream, f"MARK{i:02d}X", f"calc.py\n```python\n{FIXED}# rollout {i}\n```\n")
+        task = AgentTask(f"task{i}", f"MARK{i:02d}X: fix add()", ("calc.py",))
+        requests.append(RolloutRequest(f"conc-{i}", task, src, base))
+    outcomes = runner(AiderAgent(), proxy.url, tmp_path, concurrency=16, timeout_s=300).run(requests)
+    for i, out in enumerate(outcomes):
+        assert out.status == "ok", (i, out.reason, out.log_tail[-1500:])
+        assert out.rollout_id == f"conc-{i}" and f"+# rollout {i}\n" in out.patch
+        assert all(f"MARK{i:02d}X" in str(c["request"]["messages"]) for c in out.trace)
+        assert {c["rollout_id"] for c in out.trace} == {f"conc-{i}"}
+    assert list((tmp_path / "ws").iterdir()) == []
+    assert agent_processes() == before
+
+
+def test_timeout_kills_the_agent_and_says_so(repo, scripted_upstream, start_proxy, tmp_path):
+    src, base = repo
+    proxy = start_proxy(scripted_upstream)
+    before = agent_processes()
+    task = AgentTask("slow", "fault:slow:60", ("calc.py",))
+    (out,) = runner(SingleCallAgent(), proxy.url, tmp_path, timeout_s=3).run(
+        [RolloutRequest("slow-1", task, src, base)]
+    )
+    assert out.status == "timeout" and "killed after 3s" in out.reason
+    assert out.timings["total_s"] < 15
+    assert agent_processes() == before and list((tmp_path / "ws").iterdir()) == []
+
+
+def test_call_limit_is_enforced_by_the_proxy(repo, scripted_upstream, start_proxy, tmp_path):
+    src, base = repo
+    proxy = start_proxy(scripted_upstream)
+    task = AgentTask("limited", "fix add()", ("calc.py",))
+    (out,) = runner(AiderAgent(), proxy.url, tmp_path, max_calls=0, timeout_s=120).run(
+        [RolloutRequest("limit-1", task, src, base)]
+    )
+    assert out.status == "call_limit", (out.reason, out.log_tail)
+    assert "limit of 0 model calls" in out.reason and out.calls == 0
+    assert out.timings["agent_s"] < 60, "Aider retried the refusal"
+
+
+@dataclass
+class CrashingAgent:
+    """Dies from a signal half-way, as a segfaulting or OOM-killed agent would."""
+
+    name: str = "crashing"
+
+    def run(self, task: AgentTask, ws: Workspace, endpoint: ModelEndpoint, timeout_s: float) -> AgentExit:
+        code = "import os, pathlib; pathlib.Path('half.txt').write_text('x'); os.kill(os.getpid(), 9)"
+        return run_process_group(
+            [sys.executable, "-c", code], cwd=ws.repo, env={}, log_path=ws.scratch / "log", timeout_s=timeout_s
+        )
+
+
+def test_crash_and_proxy_down_are_failed_rollouts_with_reasons(repo, scripted_upstream, start_proxy, tmp_path):
+    src, base = repo
+    proxy = start_proxy(scripted_upstream)
+    task = AgentTask("t", "anything")
+    (crashed,) = runner(CrashingAgent(), proxy.url, tmp_path).run([RolloutRequest("crash-1", task, src, base)])
+    assert crashed.status == "crashed" and "code -9" in crashed.reason
+    assert "half.txt" in crashed.patch, "what the agent did before dying is still reported"
+
+    down = f"http://127.0.0.1:{free_port()}"
+    (out,) = runner(SingleCallAgent(), down, tmp_path, timeout_s=30).run([RolloutRequest("down-1", task, src, base)])
+    assert out.status == "agent_error" and "ConnectError" in out.reason
+    assert list((tmp_path / "ws").iterdir()) == []
+
+
+def test_no_call_answered_is_an_agent_error(repo, scripted_upstream, start_proxy, tmp_path):
+    src, base = repo
+    proxy = start_proxy(scripted_upstream)
+    task = AgentTask("err", "fault:error400", ("calc.py",))
+    (out,) = runner(SingleCallAgent(), proxy.url, tmp_path).run([RolloutRequest("err-1", task, src, base)])
+    assert out.status == "agent_error" and "scripted bad request" in out.reason
+
+
+def test_real_aider_on_the_real_vllm_server(repo, served, tmp_path):
+    src, base = repo
+    task = AgentTask("real", "Fix the bug in add() in calc.py: it must return a + b.", ("calc.py",))
+    model = served.model_dir.name
+    (out,) = runner(AiderAgent(), served.url, tmp_path, model=model, timeout_s=400).run(
+        [RolloutRequest("real-aider-1", task, src, base)]
+    )
+    assert out.status in ("ok", "no_patch"), (out.status, out.reason, out.log_tail[-2000:])
+    policy = [c for c in out.trace if c["status"] == 200 and c["tag"] is None]
+    assert policy and all(len(c["completion_token_ids"]) == len(c["logprobs"]) > 0 for c in policy)
+    if out.patch:
+        check = tmp_path / "check"
+        git("clone", "-q", src, check, cwd=tmp_path)
+        subprocess.run(["git", "apply", "--check", "-"], input=out.patch.encode(), cwd=check, check=True)
+    assert list((tmp_path / "ws").iterdir()) == []

@@ -1,0 +1,73 @@
+"""Workspaces: real git, private copies at the base commit, always cleaned up."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from aitlrt.workspace import cache_local_repo, git, patch_of, reclaim_stale, workspace
+
+
+@pytest.fixture
+def repo(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    git("init", "-q", cwd=src)
+    git("add", "-A", cwd=src)
+    git("commit", "-q", "-m", "base", cwd=src)
+    base = git("rev-parse", "HEAD", cwd=src).strip()
+    (src / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    git("commit", "-q", "-am", "later", cwd=src)
+    return src, base
+
+
+def test_copy_is_at_the_base_commit_private_and_removed(repo, tmp_path):
+    src, base = repo
+    root = tmp_path / "ws"
+    with workspace(src, base, "r1", root) as ws:
+        assert (ws.repo / "calc.py").read_text().endswith("a - b\n")
+        (ws.repo / "calc.py").write_text("def add(a, b):\n    return a + b  # fixed\n")
+        (ws.repo / "new.txt").write_text("hello\n")
+        (ws.repo / ".aider.chat.history.md").write_text("noise")
+        (ws.repo / "blob.bin").write_bytes(bytes(range(256)))
+        patch = patch_of(ws.repo, base)
+    assert "+    return a + b  # fixed" in patch and "new file mode" in patch and "+hello" in patch
+    assert ".aider" not in patch and "GIT binary patch" in patch
+    assert list(root.iterdir()) == []
+    assert git("status", "--porcelain", cwd=src) == "", "the cache was not touched"
+    # The patch is exactly what applies to the base.
+    check = tmp_path / "check"
+    git("clone", "-q", src, check, cwd=tmp_path)
+    git("checkout", "-q", base, cwd=check)
+    subprocess.run(["git", "apply", "--check", "-"], input=patch.encode(), cwd=check, check=True)
+
+
+def test_removed_on_exception(repo, tmp_path):
+    src, base = repo
+    root = tmp_path / "ws"
+    with pytest.raises(ZeroDivisionError), workspace(src, base, "r2", root):
+        1 / 0  # noqa: B018
+    assert list(root.iterdir()) == []
+
+
+def test_stale_copies_of_dead_owners_are_reclaimed(repo, tmp_path):
+    root = tmp_path / "ws"
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (root / f"{dead.pid}-old" / "repo").mkdir(parents=True)
+    (root / f"{os.getpid()}-mine").mkdir()
+    assert reclaim_stale(root) == [root / f"{dead.pid}-old"]
+    assert [p.name for p in root.iterdir()] == [f"{os.getpid()}-mine"]
+
+
+def test_plain_directory_becomes_a_cached_repo(tmp_path, monkeypatch):
+    monkeypatch.setenv("AITLRT_HOME", str(tmp_path / "home"))
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "a.py").write_text("x = 1\n")
+    cached = cache_local_repo(plain)
+    assert cached != plain and git("ls-files", cwd=cached).split() == ["a.py"]
+    assert cache_local_repo(plain) == cached
