@@ -134,11 +134,11 @@ class Proxy:
         index = self.store.next_call_index(rollout_id)
         limit = self.call_limits.get(rollout_id)
         if limit is not None and index >= limit:
-            # 403, not 429: agents retry 429s (Aider for a minute); this refusal is final.
+            # 400, not 429 or 403: Aider (litellm) retries those for over a minute; this refusal is final.
             message = f"rollout {rollout_id!r} reached its limit of {limit} model calls"
             refused = _Call(self, rollout_id, index, endpoint, upstream_body, self.gate.version, tag)
-            refused.finish(None, 403, message, "call_limit")
-            raise ProxyError(403, message, code="call_limit")
+            refused.finish(None, 400, message, "call_limit")
+            raise ProxyError(400, message, code="call_limit")
         stack = AsyncExitStack()
         version = await stack.enter_async_context(self.gate.generation(self.settings.request_timeout_s))
         self.metrics.inflight.inc()
@@ -377,7 +377,7 @@ def create_app(settings: ServeSettings) -> FastAPI:
 
     @app.put("/rollouts/{rollout_id}/limits")
     async def limits(rollout_id: str, request: Request) -> dict[str, Any]:
-        """``{"max_calls": N}``: call N+1 of this rollout gets a final 403 (``null`` lifts the limit)."""
+        """``{"max_calls": N}``: call N+1 gets a final 400, code call_limit (``null`` lifts the limit)."""
         check_key(request)
         check_id(rollout_id)
         max_calls = (await _json_object(request)).get("max_calls")

@@ -104,7 +104,7 @@ def test_timeout_kills_the_agent_and_says_so(repo, scripted_upstream, start_prox
     src, base = repo
     proxy = start_proxy(scripted_upstream)
     before = agent_processes()
-    task = AgentTask("slow", "fault:slow:60", ("calc.py",))
+    task = AgentTask("slow", "fault:slow:60")
     (out,) = runner(SingleCallAgent(), proxy.url, tmp_path, timeout_s=3).run(
         [RolloutRequest("slow-1", task, src, base)]
     )
@@ -155,7 +155,7 @@ def test_crash_and_proxy_down_are_failed_rollouts_with_reasons(repo, scripted_up
 def test_no_call_answered_is_an_agent_error(repo, scripted_upstream, start_proxy, tmp_path):
     src, base = repo
     proxy = start_proxy(scripted_upstream)
-    task = AgentTask("err", "fault:error400", ("calc.py",))
+    task = AgentTask("err", "fault:error400")
     (out,) = runner(SingleCallAgent(), proxy.url, tmp_path).run([RolloutRequest("err-1", task, src, base)])
     assert out.status == "agent_error" and "scripted bad request" in out.reason
 
