@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from aitlrt.agents.aider import AiderAgent
+from aitlrt.agents.aider import AiderAgent, WarmAiderAgent
 from aitlrt.agents.base import Agent, AgentTask
 from aitlrt.agents.single_call import SingleCallAgent
 from aitlrt.rollouts import Progress, RolloutOutcome, RolloutRequest, RolloutRunner
@@ -46,9 +46,11 @@ def load_tasks(path: Path) -> list[tuple[AgentTask, Path, str]]:
 def make_agent(name: str, edit_format: str) -> Agent:
     if name == "aider":
         return AiderAgent(edit_format=edit_format)
+    if name == "aider-warm":
+        return WarmAiderAgent(edit_format=edit_format)
     if name == "single-call":
         return SingleCallAgent()
-    raise SystemExit(f"aitlrt rollout: unknown agent {name!r} (aider, single-call)")
+    raise SystemExit(f"aitlrt rollout: unknown agent {name!r} (aider-warm, aider, single-call)")
 
 
 def print_table(outcomes: list[RolloutOutcome]) -> None:
@@ -101,7 +103,11 @@ def run(args) -> list[RolloutOutcome]:
         f"{args.concurrency} at a time, model {model} via {proxy}",
         flush=True,
     )
-    outcomes = runner.run(requests, on_progress=show)
+    try:
+        outcomes = runner.run(requests, on_progress=show)
+    finally:
+        if hasattr(runner.agent, "close"):
+            runner.agent.close()
     print_table(outcomes)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -117,7 +123,7 @@ def add_parser(verbs) -> None:
     p.add_argument("--tasks", type=Path, required=True, help="JSON lines (see `aitlrt.rollout_cli`)")
     p.add_argument("--proxy", default="http://127.0.0.1:8000", help="aitlrt-serve URL")
     p.add_argument("--n", type=int, default=1, help="rollouts per task")
-    p.add_argument("--agent", default="aider", help="aider or single-call")
+    p.add_argument("--agent", default="aider-warm", help="aider-warm (warm workers), aider (CLI) or single-call")
     p.add_argument("--edit-format", default="whole", help="Aider's edit format (whole, diff, ...)")
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--timeout", type=float, default=600.0, help="wall-clock seconds per rollout")

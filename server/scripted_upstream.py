@@ -86,7 +86,7 @@ def create_app() -> FastAPI:
         body = await request.json()
         text = _last_text(body)
         if text.startswith("fault:slow:"):
-            await asyncio.sleep(float(text.split(":")[2]))
+            await asyncio.sleep(float(text.split(":")[2].split()[0]))
         elif text == "fault:error500":
             return PlainTextResponse("boom: scripted internal error", status_code=500)
         elif text == "fault:error400":

@@ -3,6 +3,7 @@ against the scripted upstream for exact edits and faults, and against the real v
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from aitlrt.agents.aider import AiderAgent, aider_venv
+from aitlrt.agents.aider import AiderAgent, WarmAiderAgent, aider_venv
 from aitlrt.agents.base import AgentExit, AgentTask, ModelEndpoint, run_process_group
 from aitlrt.agents.single_call import SingleCallAgent
 from aitlrt.rollouts import RolloutRequest, RolloutRunner
@@ -35,6 +36,7 @@ def repo(tmp_path):
 
 
 def expected_patch(tmp_path, src, base, files: dict[str, str]) -> str:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     check = tmp_path / "expected"
     git("clone", "-q", src, check, cwd=tmp_path)
     git("checkout", "-q", base, cwd=check)
@@ -175,3 +177,79 @@ def test_real_aider_on_the_real_vllm_server(repo, served, tmp_path):
         git("clone", "-q", src, check, cwd=tmp_path)
         subprocess.run(["git", "apply", "--check", "-"], input=out.patch.encode(), cwd=check, check=True)
     assert list((tmp_path / "ws").iterdir()) == []
+
+
+def test_warm_workers_edit_like_the_cli_are_reused_and_replaced_after_a_timeout(
+    repo, scripted_upstream, start_proxy, tmp_path
+):
+    src, base = repo
+    proxy = start_proxy(scripted_upstream)
+    agent = WarmAiderAgent()
+    try:
+        requests = []
+        for i in range(3):
+            script(scripted_upstream, f"WARM{i}X", f"calc.py\n```python\n{FIXED}# warm {i}\n```\n")
+            requests.append(
+                RolloutRequest(f"warm-{i}", AgentTask(f"w{i}", f"WARM{i}X: fix add()", ("calc.py",)), src, base)
+            )
+        outcomes = runner(agent, proxy.url, tmp_path, concurrency=1, timeout_s=120).run(requests)
+        for i, out in enumerate(outcomes):
+            assert out.status == "ok", (out.reason, out.log_tail)
+            assert out.patch == expected_patch(tmp_path / f"e{i}", src, base, {"calc.py": f"{FIXED}# warm {i}\n"})
+        assert len(agent._all) == 1, "one worker served all three rollouts"
+        first = agent._all[0]
+
+        slow = RolloutRequest("warm-slow", AgentTask("slow", "fault:slow:60", ("calc.py",)), src, base)
+        (out,) = runner(agent, proxy.url, tmp_path, concurrency=1, timeout_s=8).run([slow])
+        assert out.status == "timeout" and first.proc.poll() is not None and agent._all == []
+
+        (again,) = runner(agent, proxy.url, tmp_path, concurrency=1, timeout_s=120).run([requests[0]])
+        assert again.status == "ok" and len(agent._all) == 1 and agent._all[0] is not first
+    finally:
+        agent.close()
+    assert agent._all == [] and list((tmp_path / "ws").iterdir()) == []
+
+
+def test_rollout_cli_runs_tasks_and_reports_bad_rows(repo, scripted_upstream, start_proxy, tmp_path):
+    src, _ = repo
+    proxy = start_proxy(scripted_upstream)
+    script(scripted_upstream, "CLIFIX", f"calc.py\n```python\n{FIXED}```\n")
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(
+        json.dumps(
+            {
+                "instance_id": "calc-1",
+                "problem_statement": "CLIFIX: fix add()",
+                "repo_path": str(src),
+                "files": ["calc.py"],
+            }
+        )
+        + "\n"
+    )
+    out = tmp_path / "out.jsonl"
+    cmd = [
+        sys.executable,
+        "-m",
+        "aitlrt.cli",
+        "rollout",
+        "--tasks",
+        str(tasks),
+        "--n",
+        "2",
+        "--proxy",
+        proxy.url,
+        "--agent",
+        "single-call",
+        "--out",
+        str(out),
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "statuses: ok=2" in done.stdout and "rollouts 2/2 done" in done.stdout
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["status"] for r in rows] == ["ok", "ok"] and all("+    return a + b" in r["patch"] for r in rows)
+    assert all(len(r["trace"]) == 1 for r in rows)
+
+    tasks.write_text(tasks.read_text() + json.dumps({"instance_id": "broken-7", "problem_statement": "x"}) + "\n")
+    bad = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "tasks.jsonl:2 (task broken-7): KeyError" in bad.stderr

@@ -8,12 +8,21 @@ can tell them apart.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
+import select
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aitlrt.agents.base import AgentExit, AgentTask, ModelEndpoint, run_process_group
+from aitlrt.agents.base import AgentExit, AgentTask, ModelEndpoint, run_process_group, tail
 from aitlrt.paths import aitlrt_home
 from aitlrt.workspace import Workspace
 
@@ -71,12 +80,15 @@ class AiderAgent:
     name: str = "aider"
 
     def command(self, task: AgentTask, ws: Workspace, endpoint: ModelEndpoint) -> list[str]:
+        return [str(self.venv / "bin" / "aider"), *self.arguments(task, ws, endpoint)]
+
+    def arguments(self, task: AgentTask, ws: Workspace, endpoint: ModelEndpoint) -> list[str]:
+        """Aider's command-line arguments for one rollout (writes the settings files into ``ws.scratch``)."""
         meta, settings = aider_settings(endpoint, self.edit_format, self.streaming)
         meta_file, settings_file = ws.scratch / "model-metadata.json", ws.scratch / "model-settings.yml"
         meta_file.write_text(json.dumps(meta))
         settings_file.write_text(json.dumps(settings))  # JSON is YAML
-        return [
-            str(self.venv / "bin" / "aider"),
+        args = [
             "--model",
             f"openai/{endpoint.model}",
             "--openai-api-base",
@@ -120,6 +132,9 @@ class AiderAgent:
             task.instruction,
             *task.files,
         ]
+        if self.streaming:
+            args.remove("--no-stream")
+        return args
 
     def run(self, task: AgentTask, ws: Workspace, endpoint: ModelEndpoint, timeout_s: float) -> AgentExit:
         if not (self.venv / "bin" / "aider").exists():
@@ -127,8 +142,6 @@ class AiderAgent:
         home = ws.scratch / "home"
         home.mkdir(exist_ok=True)
         cmd = self.command(task, ws, endpoint)
-        if self.streaming:
-            cmd.remove("--no-stream")
         return run_process_group(
             cmd, cwd=ws.repo, env=agent_env(home), log_path=ws.scratch / "agent.log", timeout_s=timeout_s
         )
@@ -151,3 +164,126 @@ def agent_env(home: Path) -> dict[str, str]:
         "GIT_COMMITTER_NAME": "aitlrt-agent",
         "GIT_COMMITTER_EMAIL": "agent@localhost",
     }
+
+
+class _Worker:
+    """One ``aider_worker.py`` process in its own process group."""
+
+    def __init__(self, venv: Path, scratch: Path) -> None:
+        scratch.mkdir(parents=True, exist_ok=True)
+        self.log = scratch / "worker.log"
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [str(venv / "bin" / "python"), "-u", str(Path(__file__).with_name("aider_worker.py"))],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env=agent_env(scratch),
+                cwd="/",
+                start_new_session=True,
+                text=True,
+                bufsize=1,
+            )
+        self.jobs = 0
+        self.ready = False
+
+    def read(self, timeout_s: float) -> dict | None:
+        """The next protocol line, or None on timeout or death."""
+        ready, _, _ = select.select([self.proc.stdout], [], [], max(timeout_s, 0.0))
+        line = self.proc.stdout.readline() if ready else ""
+        return json.loads(line) if line else None
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+@dataclass
+class WarmAiderAgent(AiderAgent):
+    """Aider in warm worker processes: start-up is paid once per worker, not per rollout.
+
+    Each worker runs one rollout at a time, exactly as the CLI would (same arguments, ``aider.main.main``).
+    A worker that times out or dies is killed with its process group and replaced; workers are also
+    recycled after ``jobs_per_worker`` rollouts so no state accumulates. Sets ``max_reflections`` too,
+    which the CLI cannot.
+    """
+
+    max_reflections: int = 3
+    jobs_per_worker: int = 50
+    start_timeout_s: float = 120.0
+    name: str = "aider-warm"
+    _idle: queue.SimpleQueue = field(default_factory=queue.SimpleQueue, init=False, repr=False)
+    _all: list = field(default_factory=list, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    def prestart(self, n: int) -> None:
+        """Start ``n`` workers now (in the background: they announce readiness when first used)."""
+        for _ in range(n):
+            self._idle.put(self._spawn())
+
+    def _spawn(self) -> _Worker:
+        worker = _Worker(self.venv, aitlrt_home() / "aider-workers" / f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        with self._lock:
+            self._all.append(worker)
+        return worker
+
+    def _retire(self, worker: _Worker) -> None:
+        worker.kill()
+        with self._lock:
+            self._all.remove(worker)
+        shutil.rmtree(worker.log.parent, ignore_errors=True)
+
+    def _take(self) -> _Worker:
+        try:
+            worker = self._idle.get_nowait()
+        except queue.Empty:
+            worker = self._spawn()
+        if not worker.alive():
+            self._retire(worker)
+            return self._take()
+        if not worker.ready:
+            hello = worker.read(self.start_timeout_s)
+            if not hello or not hello.get("ready"):
+                self._retire(worker)
+                raise RuntimeError(f"Aider worker did not start: {tail(worker.log)}")
+            worker.ready = True
+        return worker
+
+    def run(self, task: AgentTask, ws: Workspace, endpoint: ModelEndpoint, timeout_s: float) -> AgentExit:
+        if not (self.venv / "bin" / "python").exists():
+            raise RuntimeError(f"Aider is not installed in {self.venv}: run jobs/setup.sh (or set AITLRT_AIDER_VENV)")
+        start = time.monotonic()
+        worker = self._take()
+        home = ws.scratch / "home"
+        home.mkdir(exist_ok=True)
+        log = ws.scratch / "agent.log"
+        job = {
+            "argv": self.arguments(task, ws, endpoint),
+            "cwd": str(ws.repo),
+            "home": str(home),
+            "log": str(log),
+            "max_reflections": self.max_reflections,
+        }
+        worker.proc.stdin.write(json.dumps(job) + "\n")
+        reply = worker.read(timeout_s - (time.monotonic() - start))
+        seconds = time.monotonic() - start
+        if reply is None:
+            timed_out = worker.alive()
+            self._retire(worker)
+            code = None if timed_out else worker.proc.returncode
+            return AgentExit(code, timed_out, tail(log) + tail(worker.log, 2000), seconds)
+        worker.jobs += 1
+        if worker.jobs >= self.jobs_per_worker:
+            self._retire(worker)
+        else:
+            self._idle.put(worker)
+        return AgentExit(reply["exit_code"], False, tail(log), seconds)
+
+    def close(self) -> None:
+        """Stop every worker."""
+        for worker in list(self._all):
+            self._retire(worker)

@@ -1,0 +1,52 @@
+"""A warm Aider worker. Runs with the Python of Aider's own venv, by path (it imports nothing of ours).
+
+It pays Aider's start-up (importing litellm, ~3 s) once, then runs jobs one at a time by calling Aider's own
+``aider.main.main(argv)`` in-process, so a job behaves exactly like the CLI with the same arguments.
+
+Protocol: one JSON job per line on stdin ``{"argv", "cwd", "home", "log", "max_reflections"}``; one JSON reply
+per line on the original stdout ``{"exit_code", "seconds"}``; ``{"ready": true}`` once after the imports.
+While a job runs, file descriptors 1 and 2 point at the job's log.
+"""
+
+import json
+import os
+import sys
+import time
+import traceback
+
+
+def main() -> None:
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    import aider.main
+    from aider.coders.base_coder import Coder
+
+    proto.write(json.dumps({"ready": True}) + "\n")
+    for line in sys.stdin:
+        job = json.loads(line)
+        start = time.monotonic()
+        log_fd = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        os.close(log_fd)
+        os.environ["HOME"] = job["home"]
+        Coder.max_reflections = job.get("max_reflections", 3)
+        try:
+            os.chdir(job["cwd"])
+            code = aider.main.main(job["argv"])
+            code = code if isinstance(code, int) else 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except Exception:
+            traceback.print_exc()
+            code = 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.chdir("/")
+        proto.write(json.dumps({"exit_code": code, "seconds": time.monotonic() - start}) + "\n")
+
+
+if __name__ == "__main__":
+    main()

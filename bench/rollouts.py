@@ -1,0 +1,149 @@
+"""Benchmark of agent rollouts, side by side in one run, against the scripted upstream (no model cost):
+
+1. per-rollout overhead (everything but waiting for the model): warm Aider workers vs the Aider CLI;
+2. workspace creation (shared clone at the base commit) vs a full clone, on a real source tree
+   (the installed ``transformers`` package made into a git repository);
+3. rollouts/minute at 1, 8 and 16 concurrent warm agents when every model call takes a fixed 1 s.
+
+Run: ``python bench/rollouts.py`` (no arguments).
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from aitlrt.agents.aider import AiderAgent, WarmAiderAgent
+from aitlrt.agents.base import AgentTask
+from aitlrt.rollouts import RolloutOutcome, RolloutRequest, RolloutRunner
+from aitlrt.serve_process import ServeProcess, wait_http
+from aitlrt.workspace import cache_local_repo, git, workspace
+from aitlrt_server.upstream import free_port
+
+CALC = "def add(a, b):\n    return a - b\n"
+FIXED = "def add(a, b):\n    return a + b\n"
+
+
+def model_seconds(outcome: RolloutOutcome) -> float:
+    return sum(c["ended_at"] - c["started_at"] for c in outcome.trace)
+
+
+def overhead(runner: RolloutRunner, requests: list[RolloutRequest]) -> list[float]:
+    return [o.timings["total_s"] - model_seconds(o) for o in runner.run(requests)]
+
+
+def main() -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    work = Path(tempfile.mkdtemp(prefix="aitlrt-bench-rollouts-"))
+    src = work / "src"
+    src.mkdir()
+    (src / "calc.py").write_text(CALC)
+    git("init", "-q", cwd=src)
+    git("add", "-A", cwd=src)
+    git("commit", "-q", "-m", "base", cwd=src)
+    base = git("rev-parse", "HEAD", cwd=src).strip()
+    port = free_port()
+    upstream = f"http://127.0.0.1:{port}"
+    null = subprocess.Popen(
+        [sys.executable, "-m", "aitlrt_server.scripted_upstream", "--port", str(port)], stdin=subprocess.DEVNULL
+    )
+    rows: list[tuple[str, str]] = []
+    targets: list[str] = []
+    warm = WarmAiderAgent()
+    try:
+        wait_http(f"{upstream}/health", null)
+        httpx.post(f"{upstream}/script", json={"match": "FIXIT", "reply": f"calc.py\n```python\n{FIXED}```\n"})
+        task = AgentTask("calc", "FIXIT: fix add()", ("calc.py",))
+        slow_task = AgentTask("calc-slow", "fault:slow:1.0 FIXIT: fix add()", ("calc.py",))
+        with ServeProcess(
+            ["--upstream", upstream, "--run-dir", str(work / "journal")], port=free_port(), log_path=work / "proxy.log"
+        ) as proxy:
+
+            def runner(agent, concurrency: int = 1) -> RolloutRunner:
+                return RolloutRunner(
+                    agent, proxy.url, "scripted", concurrency=concurrency, timeout_s=300, workspaces=work / "ws"
+                )
+
+            # 1. overhead, CLI vs warm, alternating
+            print("[bench] per-rollout overhead: Aider CLI vs warm workers", flush=True)
+            overhead(runner(warm), [RolloutRequest("warmup", task, src, base)])
+            cli_s, warm_s = [], []
+            for i in range(4):
+                cli_s += overhead(runner(AiderAgent()), [RolloutRequest(f"cli-{i}", task, src, base)])
+                warm_s += overhead(runner(warm), [RolloutRequest(f"warm-{i}", task, src, base)])
+            cli, wrm = statistics.median(cli_s), statistics.median(warm_s)
+            rows += [
+                ("overhead per rollout, Aider CLI", f"{cli:.3f} s"),
+                ("overhead per rollout, warm", f"{wrm:.3f} s"),
+                ("CLI / warm", f"{cli / wrm:.1f}x"),
+            ]
+            targets += [
+                f"TARGET warm_overhead_s {wrm:.3f} 0.2 {'PASS' if wrm <= 0.2 else 'MISS'}",
+                f"TARGET cli_over_warm {cli / wrm:.1f} 15 {'PASS' if cli / wrm >= 15 else 'MISS'}",
+            ]
+
+            # 3. throughput with a fixed-latency model
+            rpm = {}
+            warm.prestart(16)
+            for conc in (1, 8, 16):
+                n = max(4, conc * 2)
+                print(f"[bench] throughput: {n} rollouts, {conc} concurrent, 1 s per model call", flush=True)
+                reqs = [RolloutRequest(f"tp{conc}-{i}", slow_task, src, base) for i in range(n)]
+                t0 = time.monotonic()
+                outcomes = runner(warm, conc).run(reqs)
+                rpm[conc] = n / (time.monotonic() - t0) * 60
+                bad = [o.status for o in outcomes if o.status != "ok"]
+                rows.append((f"rollouts/min at {conc} concurrent", f"{rpm[conc]:.1f}" + (f" ({bad})" if bad else "")))
+            for conc in (8, 16):
+                eff = rpm[conc] / (rpm[1] * conc)
+                rows.append((f"scaling efficiency 1 -> {conc}", f"{eff:.2f}"))
+            eff8 = rpm[8] / (rpm[1] * 8)
+            targets.append(f"TARGET scaling_1_to_8 {eff8:.2f} 0.8 {'PASS' if eff8 >= 0.8 else 'MISS'}")
+    finally:
+        warm.close()
+        null.terminate()
+        null.wait(10)
+
+    # 2. workspace vs full clone on a real tree
+    import transformers
+
+    print("[bench] workspace copy vs full clone (transformers source tree)", flush=True)
+    repo = cache_local_repo(Path(transformers.__file__).parent)
+    head = git("rev-parse", "HEAD", cwd=repo).strip()
+    files = len(git("ls-files", cwd=repo).splitlines())
+    copy_s, clone_s = [], []
+    for i in range(3):
+        t0 = time.monotonic()
+        with workspace(repo, head, f"bench-{i}", work / "ws"):
+            copy_s.append(time.monotonic() - t0)
+        target = work / f"full-{i}"
+        t0 = time.monotonic()
+        git("clone", "-q", "--no-local", repo, target, cwd=work)
+        clone_s.append(time.monotonic() - t0)
+        shutil.rmtree(target)
+    copy, clone = statistics.median(copy_s), statistics.median(clone_s)
+    rows += [
+        (f"workspace (clone --shared + checkout), {files} files", f"{copy:.2f} s"),
+        ("full clone (--no-local)", f"{clone:.2f} s"),
+        ("workspace / full clone", f"{copy / clone:.2f}"),
+    ]
+    targets.append(f"TARGET workspace_over_clone {copy / clone:.2f} 0.10 {'PASS' if copy / clone <= 0.10 else 'MISS'}")
+    shutil.rmtree(work, ignore_errors=True)
+
+    print("\n| measure | value |\n|---|---|")
+    for name, value in rows:
+        print(f"| {name} | {value} |")
+    print()
+    print("\n".join(targets))
+
+
+if __name__ == "__main__":
+    main()
