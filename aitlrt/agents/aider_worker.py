@@ -17,6 +17,9 @@ import traceback
 
 def main() -> None:
     proto = os.fdopen(os.dup(1), "w", buffering=1)
+    # This file's folder holds our aider.py: it must not shadow the real package.
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     import aider.main
     from aider.coders.base_coder import Coder
 
