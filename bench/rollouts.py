@@ -92,7 +92,7 @@ def main() -> None:
 
             # 3. throughput with a fixed-latency model
             rpm = {}
-            warm.prestart(16)
+            warm.prestart(16, wait=True)
             for conc in (1, 8, 16):
                 n = max(4, conc * 2)
                 print(f"[bench] throughput: {n} rollouts, {conc} concurrent, 1 s per model call", flush=True)

@@ -220,10 +220,21 @@ class WarmAiderAgent(AiderAgent):
     _all: list = field(default_factory=list, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
-    def prestart(self, n: int) -> None:
-        """Start ``n`` workers now (in the background: they announce readiness when first used)."""
-        for _ in range(n):
-            self._idle.put(self._spawn())
+    def prestart(self, n: int, wait: bool = False) -> None:
+        """Start ``n`` more workers now; with ``wait``, return once they are ready."""
+        workers = [self._spawn() for _ in range(n)]
+        for worker in workers:
+            if wait:
+                self._ready(worker)
+            self._idle.put(worker)
+
+    def _ready(self, worker: _Worker) -> None:
+        if not worker.ready:
+            hello = worker.read(self.start_timeout_s)
+            if not hello or not hello.get("ready"):
+                self._retire(worker)
+                raise RuntimeError(f"Aider worker did not start: {tail(worker.log)}")
+            worker.ready = True
 
     def _spawn(self) -> _Worker:
         worker = _Worker(self.venv, aitlrt_home() / "aider-workers" / f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
@@ -245,12 +256,7 @@ class WarmAiderAgent(AiderAgent):
         if not worker.alive():
             self._retire(worker)
             return self._take()
-        if not worker.ready:
-            hello = worker.read(self.start_timeout_s)
-            if not hello or not hello.get("ready"):
-                self._retire(worker)
-                raise RuntimeError(f"Aider worker did not start: {tail(worker.log)}")
-            worker.ready = True
+        self._ready(worker)
         return worker
 
     def run(self, task: AgentTask, ws: Workspace, endpoint: ModelEndpoint, timeout_s: float) -> AgentExit:

@@ -15,13 +15,41 @@ import time
 import traceback
 
 
+def _register_metadata_once(models) -> None:
+    """Aider re-parses its 1 MB model-metadata file with json5 on every main() (~0.5 s): do it once per content."""
+    register = models.register_litellm_models
+    seen = set()
+
+    def once(files):
+        fresh = []
+        for fname in files:
+            try:
+                with open(fname, "rb") as f:
+                    content = f.read()
+            except OSError:
+                continue
+            if content not in seen:
+                seen.add(content)
+                fresh.append(fname)
+        return register(fresh) if fresh else []
+
+    models.register_litellm_models = once
+
+
 def main() -> None:
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     # This file's folder holds our aider.py: it must not shadow the real package.
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     import aider.main
+    import aider.models
     from aider.coders.base_coder import Coder
+
+    _register_metadata_once(aider.models)
+    # Parse Aider's own model metadata now, at start-up, not in the first rollout.
+    from importlib import resources
+
+    aider.models.register_litellm_models([str(resources.files("aider.resources").joinpath("model-metadata.json"))])
 
     proto.write(json.dumps({"ready": True}) + "\n")
     for line in sys.stdin:
