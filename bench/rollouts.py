@@ -93,6 +93,8 @@ def main() -> None:
             # 3. throughput with a fixed-latency model
             rpm = {}
             warm.prestart(16, wait=True)
+            # A worker's first rollout still imports what Aider loads lazily: warm all 16 once.
+            runner(warm, 16).run([RolloutRequest(f"warm16-{i}", task, src, base) for i in range(16)])
             for conc in (1, 8, 16):
                 n = max(4, conc * 2)
                 print(f"[bench] throughput: {n} rollouts, {conc} concurrent, 1 s per model call", flush=True)

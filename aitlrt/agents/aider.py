@@ -216,7 +216,7 @@ class WarmAiderAgent(AiderAgent):
     jobs_per_worker: int = 50
     start_timeout_s: float = 120.0
     name: str = "aider-warm"
-    _idle: queue.SimpleQueue = field(default_factory=queue.SimpleQueue, init=False, repr=False)
+    _idle: queue.LifoQueue = field(default_factory=queue.LifoQueue, init=False, repr=False)  # hottest first
     _all: list = field(default_factory=list, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
