@@ -114,19 +114,7 @@ class Proxy:
 
     # ---- one recorded call ----------------------------------------------------------------------
     async def call(self, request: Request, endpoint: Endpoint, rollout_id: str) -> Response:
-        raw = await request.body()
-        if len(raw) > self.settings.max_body_bytes:
-            raise ProxyError(
-                413,
-                f"request body of {len(raw)} bytes exceeds the limit of {self.settings.max_body_bytes} bytes",
-                code="request_too_large",
-            )
-        try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ProxyError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
-        if not isinstance(body, dict):
-            raise ProxyError(400, "request body must be a JSON object", code="invalid_json")
+        body = await _json_object(request, max_bytes=self.settings.max_body_bytes)
         model = await self.model_for(body.get("model"))
         upstream_body, asked = prepare_request(body, endpoint, self.settings.sampling, model)
         tag = request.headers.get(TAG_HEADER)
@@ -450,8 +438,13 @@ def create_app(settings: ServeSettings) -> FastAPI:
     return app
 
 
-async def _json_object(request: Request, allow_empty: bool = False) -> dict[str, Any]:
+async def _json_object(request: Request, allow_empty: bool = False, max_bytes: int | None = None) -> dict[str, Any]:
+    """The request's JSON object body, or an OpenAI-style 400 (413 over ``max_bytes``)."""
     raw = await request.body()
+    if max_bytes is not None and len(raw) > max_bytes:
+        raise ProxyError(
+            413, f"request body of {len(raw)} bytes exceeds the limit of {max_bytes} bytes", code="request_too_large"
+        )
     if not raw.strip() and allow_empty:
         return {}
     try:
