@@ -108,6 +108,8 @@ class Proxy:
         """The served model a call goes to: the requested one if vLLM serves it, else the policy."""
         if not self.served_models:
             await self.model_list()
+        if not self.served_models:
+            raise ProxyError(503, f"vLLM at {self.settings.upstream} serves no model", code="upstream_unavailable")
         if requested in self.served_models:
             return requested
         return self.served_models[0]
