@@ -6,39 +6,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
-
-
-def wait_http(
-    url: str,
-    proc: subprocess.Popen | None = None,
-    timeout_s: float = 60.0,
-    any_status: bool = False,
-    progress: str | None = None,
-) -> float:
-    """Poll ``url`` until it answers 200 (any status with ``any_status``); return the seconds waited.
-
-    Raises RuntimeError if ``proc`` exits first, TimeoutError after ``timeout_s``.
-    """
-    start = last = time.monotonic()
-    while True:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
-        try:
-            if httpx.get(url, timeout=5).status_code == 200 or any_status:
-                return time.monotonic() - start
-        except httpx.HTTPError:
-            pass
-        now = time.monotonic()
-        if now - start > timeout_s:
-            raise TimeoutError(f"{url} did not answer within {timeout_s:.0f}s")
-        if progress and now - last > 10:
-            print(f"[aitlrt] {progress} ({now - start:.0f}s) ...", flush=True)
-            last = now
-        time.sleep(0.25)
+from aitlrt_server.upstream import wait_http
 
 
 class ServeProcess:
@@ -68,7 +38,7 @@ class ServeProcess:
                 self.proc,
                 timeout_s,
                 any_status=not upstream,
-                progress="waiting for aitlrt-serve and vLLM" if progress else None,
+                progress="[aitlrt] waiting for aitlrt-serve and vLLM" if progress else None,
             )
         except RuntimeError as exc:
             raise RuntimeError(f"{exc}; log tail:\n{self.log_path.read_text(errors='replace')[-4000:]}") from None

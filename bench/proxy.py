@@ -23,8 +23,8 @@ from tempfile import mkdtemp
 import httpx
 
 from aitlrt.model import prepare_bundled_model
-from aitlrt.serve_process import ServeProcess, wait_http
-from aitlrt_server.upstream import VLLMServer, free_port
+from aitlrt.serve_process import ServeProcess
+from aitlrt_server.upstream import VLLMServer, free_port, wait_http
 
 MAX_TOKENS = 16
 

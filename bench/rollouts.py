@@ -24,9 +24,9 @@ import httpx
 from aitlrt.agents.aider import AiderAgent, WarmAiderAgent
 from aitlrt.agents.base import AgentTask
 from aitlrt.rollouts import RolloutOutcome, RolloutRequest, RolloutRunner
-from aitlrt.serve_process import ServeProcess, wait_http
+from aitlrt.serve_process import ServeProcess
 from aitlrt.workspace import cache_local_repo, git, workspace
-from aitlrt_server.upstream import free_port
+from aitlrt_server.upstream import free_port, wait_http
 
 CALC = "def add(a, b):\n    return a - b\n"
 FIXED = "def add(a, b):\n    return a + b\n"

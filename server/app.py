@@ -78,6 +78,11 @@ class Proxy:
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise self._upstream_error(exc) from None
 
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+        self.store.close()
+
     def _upstream_error(self, exc: BaseException) -> ProxyError:
         url = self.settings.upstream
         if isinstance(exc, TimeoutError) and not isinstance(exc, aiohttp.ConnectionTimeoutError):
@@ -268,9 +273,7 @@ def create_app(settings: ServeSettings) -> FastAPI:
         with contextlib.suppress(ProxyError):  # upstream not up yet: the first call looks again
             await proxy.model_list()
         yield
-        if proxy._session is not None:
-            await proxy._session.close()
-        proxy.store.close()
+        await proxy.close()
 
     app = FastAPI(title="aitlrt-serve", lifespan=lifespan)
     app.state.proxy = proxy

@@ -27,6 +27,35 @@ def _tail(path: Path, lines: int = 30) -> str:
         return "(no log)"
 
 
+def wait_http(
+    url: str,
+    proc: subprocess.Popen | None = None,
+    timeout_s: float = 60.0,
+    any_status: bool = False,
+    progress: str | None = None,
+) -> float:
+    """Poll ``url`` until it answers 200 (any status with ``any_status``); return the seconds waited.
+
+    Raises RuntimeError if ``proc`` exits first, TimeoutError after ``timeout_s``.
+    """
+    start = last = time.monotonic()
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
+        try:
+            if httpx.get(url, timeout=5).status_code == 200 or any_status:
+                return time.monotonic() - start
+        except httpx.HTTPError:
+            pass
+        now = time.monotonic()
+        if now - start > timeout_s:
+            raise TimeoutError(f"{url} did not answer within {timeout_s:.0f}s")
+        if progress and now - last > 10:
+            print(f"{progress} ({now - start:.0f}s) ...", flush=True)
+            last = now
+        time.sleep(0.25)
+
+
 class VLLMServer:
     """A vLLM OpenAI server in its own process group, with dev-mode routes (weight sync) on.
 
@@ -86,34 +115,25 @@ class VLLMServer:
                 start_new_session=True,
             )
 
-    def wait_healthy(self, timeout_s: float = 600.0, progress_every_s: float = 10.0) -> float:
-        """Block until ``/health`` answers 200; print a progress line now and then; return seconds taken."""
-        start = time.monotonic()
-        last_print = start
-        while True:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"vLLM exited with code {self.proc.returncode} while starting; "
-                    f"last lines of {self.log_path}:\n{_tail(self.log_path)}"
-                )
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
-                    return time.monotonic() - start
-            except httpx.HTTPError:
-                pass
-            now = time.monotonic()
-            if now - start > timeout_s:
-                self.stop()
-                raise TimeoutError(
-                    f"vLLM not healthy after {timeout_s:.0f}s; last lines of {self.log_path}:\n{_tail(self.log_path)}"
-                )
-            if now - last_print >= progress_every_s:
-                print(
-                    f"[aitlrt-serve] waiting for vLLM at {self.url} ({now - start:.0f}s, log {self.log_path})",
-                    flush=True,
-                )
-                last_print = now
-            time.sleep(0.5)
+    def wait_healthy(self, timeout_s: float = 600.0) -> float:
+        """Block until ``/health`` answers 200 (a progress line every 10 s); return seconds taken."""
+        try:
+            return wait_http(
+                f"{self.url}/health",
+                self.proc,
+                timeout_s,
+                progress=f"[aitlrt-serve] waiting for vLLM at {self.url} (log {self.log_path})",
+            )
+        except TimeoutError:
+            self.stop()
+            raise TimeoutError(
+                f"vLLM not healthy after {timeout_s:.0f}s; last lines of {self.log_path}:\n{_tail(self.log_path)}"
+            ) from None
+        except RuntimeError:
+            raise RuntimeError(
+                f"vLLM exited with code {self.proc.returncode} while starting; last lines of "
+                f"{self.log_path}:\n{_tail(self.log_path)}"
+            ) from None
 
     def stop(self, grace_s: float = 20.0) -> None:
         """Terminate the whole process group (engine workers included)."""

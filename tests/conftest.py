@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from aitlrt.model import prepare_bundled_model
-from aitlrt.serve_process import ServeProcess, wait_http
-from aitlrt_server.upstream import free_port
+from aitlrt.serve_process import ServeProcess
+from aitlrt_server.upstream import free_port, wait_http
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")

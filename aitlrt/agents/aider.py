@@ -8,13 +8,11 @@ can tell them apart.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import queue
 import select
 import shutil
-import signal
 import subprocess
 import threading
 import time
@@ -22,7 +20,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aitlrt.agents.base import AgentExit, AgentTask, ModelEndpoint, run_process_group, tail
+from aitlrt.agents.base import AgentExit, AgentTask, ModelEndpoint, kill_group, run_process_group, tail
 from aitlrt.paths import aitlrt_home
 from aitlrt.workspace import Workspace
 
@@ -197,9 +195,7 @@ class _Worker:
         return self.proc.poll() is None
 
     def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
+        kill_group(self.proc)
 
 
 @dataclass

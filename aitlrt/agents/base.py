@@ -82,11 +82,12 @@ def run_process_group(
     except subprocess.TimeoutExpired:
         timed_out = True
     finally:
-        _kill_group(proc)
+        kill_group(proc)
     return AgentExit(None if timed_out else proc.returncode, timed_out, tail(log_path), time.monotonic() - start)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the process group of ``proc`` (started with ``start_new_session``) and reap it."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
