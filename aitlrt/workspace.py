@@ -31,10 +31,19 @@ GIT_ENV = {
 EXCLUDES = (".aider*", ".aitlrt*")
 
 
-def git(*args: str | Path, cwd: Path, check: bool = True, timeout: float = 300) -> str:
+def git(
+    *args: str | Path,
+    cwd: Path,
+    check: bool = True,
+    timeout: float = 300,
+    env: dict[str, str] | None = None,
+    input: str | None = None,
+) -> str:
     """Run git in ``cwd`` with a fixed identity and no prompts; return stdout."""
-    env = {**os.environ, **GIT_ENV}
-    proc = subprocess.run(["git", *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    env = {**os.environ, **GIT_ENV, **(env or {})}
+    proc = subprocess.run(
+        ["git", *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, input=input
+    )
     if check and proc.returncode != 0:
         raise RuntimeError(f"git {' '.join(map(str, args))} failed in {cwd}: {proc.stderr.strip()[-2000:]}")
     return proc.stdout

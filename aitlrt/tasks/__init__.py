@@ -1,0 +1,1 @@
+"""Tasks: loading, repository sources, test environments, grading and offline generation."""
