@@ -22,9 +22,10 @@ def main(argv: list[str] | None = None) -> None:
     demo.add_argument("--run-dir", type=Path, default=Path("runs/demo"))
     demo.add_argument("--max-tokens", type=int, default=96)
 
-    from aitlrt import rollout_cli
+    from aitlrt import rollout_cli, tasks_cli
 
     rollout_cli.add_parser(verbs)
+    tasks_cli.add_parser(verbs)
 
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the `finally`s that stop child servers
@@ -42,6 +43,8 @@ def main(argv: list[str] | None = None) -> None:
         run_demo(args.run_dir, args.max_tokens)
     elif args.verb == "rollout":
         rollout_cli.run(args)
+    elif args.verb == "tasks":
+        sys.exit(tasks_cli.run(args))
 
 
 if __name__ == "__main__":

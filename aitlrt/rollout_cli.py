@@ -1,7 +1,7 @@
 """``aitlrt rollout``: run agents on tasks through a running ``aitlrt-serve``, without training.
 
-Tasks file: JSON lines with ``instance_id``, ``problem_statement``, ``repo_path`` (a local directory or git
-repository), optional ``base_commit`` (default ``HEAD``) and ``files`` (paths to open for the agent).
+Tasks: any file or dataset ``aitlrt.tasks.loader`` reads (SWE-bench, SWE-smith or aitlrt rows; a ``repo_path``
+column names a local directory or git repository). Bad rows are reported with their line and id and skipped.
 """
 
 from __future__ import annotations
@@ -18,29 +18,24 @@ from aitlrt.agents.aider import AiderAgent, WarmAiderAgent
 from aitlrt.agents.base import Agent, AgentTask
 from aitlrt.agents.single_call import SingleCallAgent
 from aitlrt.rollouts import Progress, RolloutOutcome, RolloutRequest, RolloutRunner
-from aitlrt.workspace import cache_local_repo, git
+from aitlrt.tasks.loader import load_tasks, parse_overrides
+from aitlrt.tasks.task import Task
 
 
-def load_tasks(path: Path) -> list[tuple[AgentTask, Path, str]]:
-    """Read the tasks file; a bad row stops with its line number and id."""
-    tasks = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        row = None
+def prepared_tasks(args) -> list[tuple[Task, Path, str]]:
+    """The valid tasks with their cached repository and starting commit; bad rows reported on stderr."""
+    loaded = load_tasks(args.tasks, overrides=parse_overrides(args.source), limit=args.limit)
+    for problem in loaded.problems:
+        print(f"aitlrt rollout: skipping bad row {problem}", file=sys.stderr)
+    out = []
+    for task in loaded.require():
         try:
-            row = json.loads(line)
-            task_id = row["instance_id"]
-            repo = cache_local_repo(Path(row["repo_path"]).expanduser())
-            base = git("rev-parse", row.get("base_commit") or "HEAD", cwd=repo).strip()
-            task = AgentTask(task_id, row["problem_statement"], tuple(row.get("files") or ()))
-        except (json.JSONDecodeError, KeyError, TypeError, OSError, RuntimeError) as exc:
-            ident = row.get("instance_id", "?") if isinstance(row, dict) else "?"
-            raise SystemExit(f"aitlrt rollout: {path}:{lineno} (task {ident}): {type(exc).__name__}: {exc}") from None
-        tasks.append((task, repo, base))
-    if not tasks:
-        raise SystemExit(f"aitlrt rollout: no tasks in {path}")
-    return tasks
+            out.append((task, *task.checkout()))
+        except (OSError, RuntimeError) as exc:
+            print(f"aitlrt rollout: skipping task {task.instance_id}: {exc}", file=sys.stderr)
+    if not out:
+        raise SystemExit("aitlrt rollout: no task could be prepared")
+    return out
 
 
 def make_agent(name: str, edit_format: str) -> Agent:
@@ -72,10 +67,15 @@ def run(args) -> list[RolloutOutcome]:
     if model is None:
         models = httpx.get(f"{proxy}/v1/models", timeout=30).raise_for_status().json()["data"]
         model = models[0]["id"]
-    tasks = load_tasks(args.tasks)
+    tasks = prepared_tasks(args)
     stamp = time.strftime("%H%M%S")
     requests = [
-        RolloutRequest(f"{task.task_id[:80]}.{stamp}.{g}".replace("/", "_"), task, repo, base)
+        RolloutRequest(
+            f"{task.instance_id[:80]}.{stamp}.{g}".replace("/", "_"),
+            AgentTask(task.instance_id, task.problem_statement, task.files),
+            repo,
+            base,
+        )
         for task, repo, base in tasks
         for g in range(args.n)
     ]
@@ -109,18 +109,41 @@ def run(args) -> list[RolloutOutcome]:
         if hasattr(runner.agent, "close"):
             runner.agent.close()
     print_table(outcomes)
+    rewards = score(args.rewards, outcomes, [t for t, _, _ in tasks for _ in range(args.n)]) if args.rewards else {}
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with open(args.out, "w") as f:
-            for o in outcomes:
-                f.write(json.dumps({**o.summary(), "trace": o.trace}) + "\n")
+            for i, o in enumerate(outcomes):
+                scores = {name: values[i] for name, values in rewards.items()}
+                f.write(json.dumps({**o.summary(), "rewards": scores, "trace": o.trace}) + "\n")
         print(f"[aitlrt] outcomes and traces: {args.out}")
     return outcomes
 
 
+def score(names: str, outcomes: list[RolloutOutcome], tasks: list[Task]) -> dict[str, list[float]]:
+    """Score each rollout with the named built-in rewards and print them beside the rollout ids."""
+    from aitlrt.rewards import REWARDS
+
+    unknown = [n for n in names.split(",") if n not in REWARDS]
+    if unknown:
+        raise SystemExit(f"aitlrt rollout: unknown rewards {unknown} (known: {', '.join(REWARDS)})")
+    rows = [
+        {**t.as_row(), "agent_patch": o.patch, "rollout_status": o.status} for t, o in zip(tasks, outcomes, strict=True)
+    ]
+    columns = {k: [r.get(k) for r in rows] for k in rows[0]}
+    scores = {name: REWARDS[name](**columns) for name in names.split(",")}
+    print("\n" + f"{'rollout':<40}" + "".join(f" {n:>20}" for n in scores))
+    for i, o in enumerate(outcomes):
+        print(f"{o.rollout_id[:40]:<40}" + "".join(f" {v[i]:>20.3f}" for v in scores.values()))
+    return scores
+
+
 def add_parser(verbs) -> None:
     p = verbs.add_parser("rollout", help="run agents on tasks via aitlrt-serve (no training), with a summary")
-    p.add_argument("--tasks", type=Path, required=True, help="JSON lines (see `aitlrt.rollout_cli`)")
+    p.add_argument("--tasks", required=True, help="task file (JSON/JSONL/CSV/parquet) or Hub dataset name")
+    p.add_argument("--source", action="append", default=[], help="ID_OR_REPO=SOURCE to override a task's repo")
+    p.add_argument("--limit", type=int, default=None, help="use only the first N valid tasks")
+    p.add_argument("--rewards", default="", help="comma-separated built-in rewards to score rollouts with")
     p.add_argument("--proxy", default="http://127.0.0.1:8000", help="aitlrt-serve URL")
     p.add_argument("--n", type=int, default=1, help="rollouts per task")
     p.add_argument("--agent", default="aider-warm", help="aider-warm (warm workers), aider (CLI) or single-call")

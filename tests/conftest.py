@@ -31,6 +31,15 @@ class Served:
 
 
 @pytest.fixture(scope="session")
+def data_dir() -> Path:
+    """The real task data beside the checkout (``../shared/data``; ``AITLRT_DATA`` overrides)."""
+    path = Path(os.environ.get("AITLRT_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+    if not (path / "swesmith_webargs" / "tasks.jsonl").exists():
+        pytest.fail(f"task data not found at {path} (set AITLRT_DATA)")
+    return path
+
+
+@pytest.fixture(scope="session")
 def model_dir() -> Path:
     return prepare_bundled_model()
 

@@ -113,10 +113,28 @@ def changed_paths(patch: str) -> list[str]:
 
 
 def reverse(patch: str) -> str:
-    """The inverse of a text unified diff (what ``git apply -R`` applies), as a diff."""
-    out = []
+    """The inverse of a text unified diff (what ``git apply -R`` applies), as git would write it: old and new
+    sides swapped, and in each run of changed lines the removals before the additions."""
+    out: list[str] = []
+    removed: list[str] = []
+    added: list[str] = []
+    last = removed
     old = ""
+
+    def flush() -> None:
+        out.extend(removed + added)
+        removed.clear()
+        added.clear()
+
     for role, line in _roles(patch):
+        if role == "body" and line[:1] in ("+", "-"):
+            last = removed if line[0] == "+" else added
+            last.append({"+": "-", "-": "+"}[line[0]] + line[1:])
+            continue
+        if role == "body" and line.startswith("\\") and (removed or added):
+            last.append(line)  # "\ No newline" belongs to the line before it
+            continue
+        flush()
         if role == "git":
             a, b = _GIT_HEADER.match(line).groups()
             out.append(f"diff --git a/{b} b/{a}")
@@ -127,8 +145,6 @@ def reverse(patch: str) -> str:
         elif role == "hunk":
             hunk = _HUNK.match(line)
             out.append(f"@@ -{hunk.group(2)} +{hunk.group(1)} @@{line[hunk.end() :]}")
-        elif role == "body" and line[:1] in ("+", "-"):
-            out.append({"+": "-", "-": "+"}[line[0]] + line[1:])
         elif role == "meta" and line.startswith("index ") and ".." in line:
             ids, _, mode = line[6:].partition(" ")
             a, b = ids.split("..", 1)
@@ -139,6 +155,7 @@ def reverse(patch: str) -> str:
             out.append(("new" if line.startswith("old") else "old") + line[3:])
         else:
             out.append(line)
+    flush()
     return "\n".join(out) + ("\n" if patch.endswith("\n") else "")
 
 

@@ -99,7 +99,9 @@ def _fetch_git(source: Source) -> tuple[Path, str]:
         )
         if fetched.returncode != 0:  # servers that refuse a fetch by sha: fetch everything once
             git("fetch", "-q", "origin", cwd=repo, timeout=3600)
-        return repo, git("rev-parse", f"{source.commit}^{{commit}}", cwd=repo).strip()
+        sha = git("rev-parse", f"{source.commit}^{{commit}}", cwd=repo).strip()
+        git("update-ref", f"refs/aitlrt/base/{sha}", sha, cwd=repo)  # keep it from git gc
+        return repo, sha
 
 
 def _has(repo: Path, source: Source) -> bool:

@@ -55,6 +55,25 @@ class Task:
     row: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     """The original row: every column reaches the reward functions."""
 
+    def as_row(self) -> dict[str, Any]:
+        """The task as a dataset row (trl hands every column to the reward functions): the original columns
+        plus the resolved source, setup patch, oracle and test lists, so ``task_from_row`` rebuilds this task."""
+        return {
+            **self.row,
+            "instance_id": self.instance_id,
+            "problem_statement": self.problem_statement,
+            "source": str(self.source),
+            "setup_patch": self.setup_patch,
+            "patch": self.patch,
+            "test_patch": self.test_patch,
+            "FAIL_TO_PASS": list(self.fail_to_pass),
+            "PASS_TO_PASS": list(self.pass_to_pass),
+            "repo": self.repo,
+            "version": self.version,
+            "env": json.dumps(self.env) if self.env else "",
+            "files": list(self.files),
+        }
+
     def checkout(self) -> tuple[Path, str]:
         """The cached repository and the commit the agent starts from (materialised on first use)."""
         repo, base = materialise(self.source)

@@ -1,0 +1,189 @@
+"""Offline task generation: bug-fix tasks made from any repository with a test suite, no LLM and no network
+beyond PyPI (SWE-smith's procedural method).
+
+For each candidate mutation (``tasks.mutations``) of the library's code, run the test suite on the mutated code;
+keep it when at least one test goes pass→fail and at least one still passes. The task's starting point is the
+source plus the bug (``setup_patch``), its oracle the reverse, FAIL_TO_PASS the broken tests, PASS_TO_PASS the
+ones still passing, and its problem statement names the failing tests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from aitlrt.tasks.envs import TestEnv, ensure_env
+from aitlrt.tasks.grading import PASSING, parse_pytest
+from aitlrt.tasks.mutations import Mutation, mutations
+from aitlrt.tasks.patches import reverse
+from aitlrt.tasks.sandbox import run_sandboxed
+from aitlrt.tasks.sources import Source, materialise
+from aitlrt.tasks.task import PROBLEM_TEMPLATE, Task
+from aitlrt.workspace import git, workspace
+
+NOT_LIBRARY = {"tests", "test", "testing", "docs", "doc", "examples", "example", "benchmarks", "bench", "scripts"}
+
+
+def library_files(repo: Path, commit: str) -> list[str]:
+    """Tracked Python files that are library code: not tests, docs, examples, ``setup.py`` or ``conftest.py``."""
+    out = []
+    for path in git("ls-tree", "-r", "--name-only", commit, cwd=repo).split():
+        p = PurePosixPath(path)
+        if p.suffix != ".py" or p.name in ("setup.py", "conftest.py", "noxfile.py") or p.name.startswith("test_"):
+            continue
+        if any(part.lower() in NOT_LIBRARY or part.startswith(".") for part in p.parts[:-1]):
+            continue
+        out.append(path)
+    return out
+
+
+@dataclass
+class Report:
+    """What a generation run did, for the progress line and the closing summary."""
+
+    candidates: int = 0
+    kept: int = 0
+    no_failure: int = 0
+    all_fail: int = 0
+    timeouts: int = 0
+    baseline_s: float = 0.0
+    seconds: float = 0.0
+    kinds: dict[str, int] = field(default_factory=dict)
+
+    def line(self) -> str:
+        return (
+            f"tried {self.candidates} mutations: kept {self.kept}, no test broke {self.no_failure}, "
+            f"every test broke {self.all_fail}, timed out {self.timeouts} ({self.seconds:.0f} s)"
+        )
+
+
+def _run_suite(env: TestEnv, repo: Path, timeout: float) -> tuple[dict[str, str], bool, str]:
+    paths = [str(repo / "src"), str(repo)] if (repo / "src").is_dir() else [str(repo)]
+    run_env = {**env.environ(), "PYTHONPATH": ":".join(paths), "PYTHONDONTWRITEBYTECODE": "1", "COLUMNS": "240"}
+    result = run_sandboxed(env.spec.test_cmd, repo, run_env, timeout)
+    return parse_pytest(result.output), result.timed_out, result.output
+
+
+def _candidates(
+    repo: Path, base: str, files: list[str], seed: int, per_function: int
+) -> Iterator[tuple[str, Mutation]]:
+    """Mutations of every library file, interleaved across files so that early stops still cover the package."""
+    per_file = []
+    for path in files:
+        text = git("show", f"{base}:{path}", cwd=repo)
+        per_file.append([(path, m) for m in mutations(text, seed=seed, per_function=per_function)])
+    for group in itertools.zip_longest(*per_file):
+        yield from (c for c in group if c is not None)
+
+
+def _row(
+    source: Source,
+    name: str,
+    version: str,
+    path: str,
+    mutation: Mutation,
+    bug: str,
+    f2p: list[str],
+    p2p: list[str],
+    env: dict[str, Any] | None,
+) -> dict[str, Any]:
+    digest = hashlib.sha256(bug.encode()).hexdigest()[:8]
+    return {
+        "instance_id": f"{name}-{version}.{mutation.kind}__{digest}",
+        "repo": name,
+        "version": version,
+        "source": str(source),
+        "setup_patch": bug,
+        "patch": reverse(bug),
+        "test_patch": "",
+        "FAIL_TO_PASS": f2p,
+        "PASS_TO_PASS": p2p,
+        "problem_statement": PROBLEM_TEMPLATE.format(tests="\n".join(f"- {t}" for t in f2p[:5])),
+        "strategy": mutation.kind,
+        "mutation": f"{path}: {mutation.description}",
+        "env": json.dumps(env) if env else "",
+        "created_by": "aitlrt tasks generate",
+    }
+
+
+def generate_tasks(
+    source: Source,
+    out: Path,
+    *,
+    max_tasks: int = 30,
+    max_candidates: int | None = None,
+    seed: int = 0,
+    per_function: int = 2,
+    workers: int = 2,
+    env: dict[str, Any] | None = None,
+    log: Callable[[str], None] = print,
+) -> Report:
+    """Write up to ``max_tasks`` validated bug-fix tasks made from ``source`` to ``out`` (JSON lines, appended as
+    they are found, so an interrupted run keeps its tasks)."""
+    started = time.monotonic()
+    repo, base = materialise(source)
+    name, _, version = source.location.partition("==") if source.kind == "pypi" else (Path(repo).name, "", base[:12])
+    stub = Task(f"{name}-{version}.base", "-", source, repo=name, version=version, env=env)
+    test_env = ensure_env(stub, log=log)
+    report = Report()
+    with workspace(repo, base, f"gen-baseline-{base[:8]}") as ws:
+        t0 = time.monotonic()
+        baseline, timed_out, output = _run_suite(test_env, ws.repo, timeout=1800)
+        report.baseline_s = time.monotonic() - t0
+    passing = sorted(t for t, s in baseline.items() if s in PASSING)
+    if timed_out or not passing:
+        raise RuntimeError(f"the test suite of {source} does not pass at its base; pytest said:\n{output[-1500:]}")
+    log(f"aitlrt: baseline: {len(passing)} passing tests in {report.baseline_s:.1f} s")
+    timeout = max(20.0, 5 * report.baseline_s)
+    files = library_files(repo, base)
+    queue = _candidates(repo, base, files, seed, per_function)
+    lock = threading.Lock()
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def worker(index: int) -> None:
+        with workspace(repo, base, f"gen-{base[:8]}-{index}") as ws, open(out, "a") as sink:
+            while True:
+                with lock:
+                    if report.kept >= max_tasks or (max_candidates and report.candidates >= max_candidates):
+                        return
+                    candidate = next(queue, None)
+                    if candidate is None:
+                        return
+                    report.candidates += 1
+                path, mutation = candidate
+                (ws.repo / path).write_text(mutation.source)
+                bug = git("diff", cwd=ws.repo)
+                statuses, timed_out, _ = _run_suite(test_env, ws.repo, timeout)
+                git("checkout", "-q", "--", path, cwd=ws.repo)
+                f2p = [t for t in passing if statuses.get(t) not in PASSING]
+                p2p = [t for t in passing if statuses.get(t) in PASSING]
+                with lock:
+                    if timed_out:
+                        report.timeouts += 1
+                    elif not f2p:
+                        report.no_failure += 1
+                    elif not p2p:
+                        report.all_fail += 1
+                    elif report.kept < max_tasks:
+                        report.kept += 1
+                        report.kinds[mutation.kind] = report.kinds.get(mutation.kind, 0) + 1
+                        sink.write(json.dumps(_row(source, name, version, path, mutation, bug, f2p, p2p, env)) + "\n")
+                        sink.flush()
+                        log(
+                            f"aitlrt: task {report.kept}/{max_tasks}: {path}: {mutation.description} "
+                            f"({len(f2p)} failing, {len(p2p)} passing)"
+                        )
+
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(worker, range(workers)))
+    report.seconds = time.monotonic() - started
+    log(f"aitlrt: {report.line()}")
+    return report
