@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -34,22 +35,28 @@ def add_parser(verbs) -> None:
 
 
 def run(args) -> int:
-    if args.action == "generate":
-        from aitlrt.tasks.generate import generate_tasks
+    try:
+        return generate(args) if args.action == "generate" else check(args)
+    except (RuntimeError, ValueError, OSError) as exc:  # env build, source fetch, bad spec: one clear line
+        print(f"aitlrt tasks {args.action}: {exc}", file=sys.stderr)
+        return 1
 
-        report = generate_tasks(
-            parse_source(args.source),
-            args.out,
-            max_tasks=args.max_tasks,
-            max_candidates=args.max_candidates,
-            seed=args.seed,
-            per_function=args.per_function,
-            workers=args.workers,
-            env=json.loads(args.env) if args.env else None,
-        )
-        print(f"[aitlrt] {report.kept} tasks appended to {args.out}; kinds: {report.kinds}")
-        return 0 if report.kept else 1
-    return check(args)
+
+def generate(args) -> int:
+    from aitlrt.tasks.generate import generate_tasks
+
+    report = generate_tasks(
+        parse_source(args.source),
+        args.out,
+        max_tasks=args.max_tasks,
+        max_candidates=args.max_candidates,
+        seed=args.seed,
+        per_function=args.per_function,
+        workers=args.workers,
+        env=json.loads(args.env) if args.env else None,
+    )
+    print(f"[aitlrt] {report.kept} tasks appended to {args.out}; kinds: {report.kinds}")
+    return 0 if report.kept else 1
 
 
 def check(args) -> int:

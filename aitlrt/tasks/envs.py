@@ -163,7 +163,9 @@ def _build(env: TestEnv, repo: Path, base: str) -> None:
     steps = [f"{shlex.quote(python)} -m venv {shlex.quote(str(env.root / 'venv'))}"]
     if env.spec.pip_packages:
         steps.append("python -m pip install -q " + " ".join(shlex.quote(p) for p in env.spec.pip_packages))
-    steps.append(env.spec.install)
+    is_project = any((src / name).exists() for name in ("setup.py", "pyproject.toml", "setup.cfg"))
+    if env.spec.install != EnvSpec.install or is_project:  # a plain folder of modules needs no install
+        steps.append(env.spec.install)
     with open(env.root / "build.log", "w") as logf:
         for step in steps:
             logf.write(f"$ {step}\n")

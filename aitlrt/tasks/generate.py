@@ -68,7 +68,7 @@ class Report:
 def _run_suite(env: TestEnv, repo: Path, timeout: float) -> tuple[dict[str, str], bool, str]:
     paths = [str(repo / "src"), str(repo)] if (repo / "src").is_dir() else [str(repo)]
     run_env = {**env.environ(), "PYTHONPATH": ":".join(paths), "PYTHONDONTWRITEBYTECODE": "1", "COLUMNS": "240"}
-    result = run_sandboxed(env.spec.test_cmd, repo, run_env, timeout)
+    result = run_sandboxed(env.spec.test_cmd, repo, run_env, timeout, binds=[env.root])
     return parse_pytest(result.output), result.timed_out, result.output
 
 

@@ -101,7 +101,7 @@ def grade(task: Task, patch: str, timeout: float = 600) -> Grade:
         paths = [str(ws.repo / "src"), str(ws.repo)] if (ws.repo / "src").is_dir() else [str(ws.repo)]
         run_env = {**env.environ(), "PYTHONPATH": ":".join(paths), "PYTHONDONTWRITEBYTECODE": "1", "COLUMNS": "240"}
         command = " ".join([env.spec.test_cmd, *targets])
-        result = run_sandboxed(command, ws.repo, run_env, timeout)
+        result = run_sandboxed(command, ws.repo, run_env, timeout, binds=[env.root])
     statuses = parse_pytest(result.output)
     f2p = sum(statuses.get(t) in PASSING for t in task.fail_to_pass)
     p2p = sum(statuses.get(t) in PASSING for t in task.pass_to_pass)

@@ -1,9 +1,15 @@
 """Run a test command in a sandboxed subprocess: its own process group, a wall-clock timeout, resource limits,
 and no network where the OS allows it (bubblewrap, else ``unshare -n``), with the isolation actually obtained
-reported beside the result."""
+reported beside the result.
+
+Runners: ``local`` (the default) or ``apptainer:IMAGE`` (set ``AITLRT_TEST_RUNNER``): on HPC clusters the
+command then runs in ``apptainer exec --containall --net --network none`` with the working directory and the
+test environment bound at the same paths (the image must provide the interpreter the venv was built with).
+"""
 
 from __future__ import annotations
 
+import os
 import resource
 import shutil
 import subprocess
@@ -40,6 +46,22 @@ def _limits(cpu_seconds: int) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
+def runner_prefix(binds: list[Path], cwd: Path) -> tuple[tuple[str, ...], str]:
+    """The command prefix and isolation word for the configured runner (``AITLRT_TEST_RUNNER``)."""
+    runner = os.environ.get("AITLRT_TEST_RUNNER", "local")
+    if runner == "local":
+        return network_isolation()
+    kind, _, image = runner.partition(":")
+    if kind != "apptainer" or not image:
+        raise ValueError(f"AITLRT_TEST_RUNNER must be local or apptainer:IMAGE, got {runner!r}")
+    exe = shutil.which("apptainer") or shutil.which("singularity")
+    if exe is None:
+        raise RuntimeError("AITLRT_TEST_RUNNER asks for apptainer, which is not installed here")
+    bind = ",".join(str(p) for p in dict.fromkeys([cwd, *binds]))
+    cmd = (exe, "exec", "--containall", "--net", "--network", "none", "--bind", bind, "--pwd", str(cwd), image)
+    return cmd, f"apptainer ({image}, no network)"
+
+
 @dataclass(frozen=True)
 class SandboxResult:
     returncode: int
@@ -50,10 +72,11 @@ class SandboxResult:
 
 
 def run_sandboxed(
-    command: str, cwd: Path, env: dict[str, str], timeout: float, isolate_network: bool = True
+    command: str, cwd: Path, env: dict[str, str], timeout: float, binds: list[Path] | None = None
 ) -> SandboxResult:
-    """Run ``command`` (a shell line) in ``cwd``; killed with its whole process group after ``timeout`` seconds."""
-    prefix, isolation = network_isolation() if isolate_network else ((), "none: not asked")
+    """Run ``command`` (a shell line) in ``cwd``; killed with its whole process group after ``timeout`` seconds.
+    ``binds``: folders besides ``cwd`` the command needs (only containers care)."""
+    prefix, isolation = runner_prefix(binds or [], cwd)
     started = time.monotonic()
     proc = subprocess.Popen(
         [*prefix, "bash", "-c", command],

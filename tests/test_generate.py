@@ -1,0 +1,48 @@
+"""Offline task generation on a real PyPI sdist (cachetools), through the real CLI, then re-validated."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from aitlrt.tasks.generate import library_files
+from aitlrt.tasks.patches import reverse
+from aitlrt.tasks.sources import materialise, parse_source
+
+SOURCE = "pypi:cachetools==8.0.1"
+
+
+def aitlrt(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "aitlrt.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_generated_tasks_are_valid_bug_fix_tasks(tmp_path):
+    out = tmp_path / "tasks.jsonl"
+    made = aitlrt("tasks", "generate", "--from", SOURCE, "--out", str(out), "--max-tasks", "4", "--seed", "1")
+    assert made.returncode == 0, made.stdout + made.stderr
+    assert "task 4/4" in made.stdout and "4 tasks appended" in made.stdout
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 4 and len({r["instance_id"] for r in rows}) == 4
+    repo, base = materialise(parse_source(SOURCE))
+    library = set(library_files(repo, base))
+    for row in rows:
+        assert row["source"] == SOURCE and row["patch"] == reverse(row["setup_patch"])
+        assert row["FAIL_TO_PASS"] and row["PASS_TO_PASS"]
+        assert not set(row["FAIL_TO_PASS"]) & set(row["PASS_TO_PASS"])
+        touched = row["setup_patch"].split("\n", 1)[0].split(" b/")[-1]
+        assert touched in library and not touched.startswith("tests/")
+        assert row["FAIL_TO_PASS"][0] in row["problem_statement"]
+    # Every emitted task re-validates: its oracle fixes it, and without it FAIL_TO_PASS fails.
+    checked = aitlrt("tasks", "check", str(out))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "4 valid, 0 invalid" in checked.stdout
+
+
+def test_generation_reports_a_source_whose_suite_does_not_pass(tmp_path):
+    lib = tmp_path / "lib"
+    (lib / "tests").mkdir(parents=True)
+    (lib / "mini.py").write_text("def inc(x):\n    return x + 1\n")
+    (lib / "tests" / "test_mini.py").write_text("from mini import inc\n\ndef test_inc():\n    assert inc(1) == 3\n")
+    made = aitlrt("tasks", "generate", "--from", str(lib), "--out", str(tmp_path / "t.jsonl"))
+    assert made.returncode != 0 and "does not pass at its base" in made.stderr
