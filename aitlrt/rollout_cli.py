@@ -14,9 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from aitlrt.agents.aider import AiderAgent, WarmAiderAgent
-from aitlrt.agents.base import Agent, AgentTask
-from aitlrt.agents.single_call import SingleCallAgent
+from aitlrt.agents import AgentTask, make_agent
 from aitlrt.rollouts import Progress, RolloutOutcome, RolloutRequest, RolloutRunner
 from aitlrt.tasks.loader import load_tasks, parse_overrides
 from aitlrt.tasks.task import Task
@@ -36,16 +34,6 @@ def prepared_tasks(args) -> list[tuple[Task, Path, str]]:
     if not out:
         raise SystemExit("aitlrt rollout: no task could be prepared")
     return out
-
-
-def make_agent(name: str, edit_format: str) -> Agent:
-    if name == "aider":
-        return AiderAgent(edit_format=edit_format)
-    if name == "aider-warm":
-        return WarmAiderAgent(edit_format=edit_format)
-    if name == "single-call":
-        return SingleCallAgent()
-    raise SystemExit(f"aitlrt rollout: unknown agent {name!r} (aider-warm, aider, single-call)")
 
 
 def print_table(outcomes: list[RolloutOutcome]) -> None:

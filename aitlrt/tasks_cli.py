@@ -21,6 +21,7 @@ def add_parser(verbs) -> None:
     gen.add_argument("--per-function", type=int, default=2, help="mutations tried per function")
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--workers", type=int, default=2, help="test suites run at a time")
+    gen.add_argument("--max-file-lines", type=int, default=None, help="mutate only library files this short")
     gen.add_argument("--env", default=None, help='test environment spec as JSON, e.g. {"python": "3.11"}')
 
     check = tasks.add_parser("check", help="load a task file, report bad rows, and validate tasks by running tests")
@@ -53,6 +54,7 @@ def generate(args) -> int:
         seed=args.seed,
         per_function=args.per_function,
         workers=args.workers,
+        max_file_lines=args.max_file_lines,
         env=json.loads(args.env) if args.env else None,
     )
     print(f"[aitlrt] {report.kept} tasks appended to {args.out}; kinds: {report.kinds}")

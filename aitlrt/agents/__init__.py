@@ -2,4 +2,24 @@
 
 from aitlrt.agents.base import Agent, AgentExit, AgentTask, ModelEndpoint
 
-__all__ = ["Agent", "AgentExit", "AgentTask", "ModelEndpoint"]
+AGENTS = ("aider-warm", "aider", "single-call")
+
+
+def make_agent(name: str, edit_format: str = "whole") -> Agent:
+    """The agent called ``name``: ``aider-warm`` (warm Aider workers), ``aider`` (the CLI) or ``single-call``."""
+    if name == "aider":
+        from aitlrt.agents.aider import AiderAgent
+
+        return AiderAgent(edit_format=edit_format)
+    if name == "aider-warm":
+        from aitlrt.agents.aider import WarmAiderAgent
+
+        return WarmAiderAgent(edit_format=edit_format)
+    if name == "single-call":
+        from aitlrt.agents.single_call import SingleCallAgent
+
+        return SingleCallAgent()
+    raise ValueError(f"unknown agent {name!r} (one of {', '.join(AGENTS)})")
+
+
+__all__ = ["AGENTS", "Agent", "AgentExit", "AgentTask", "ModelEndpoint", "make_agent"]

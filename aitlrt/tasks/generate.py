@@ -32,8 +32,9 @@ from aitlrt.workspace import git, workspace
 NOT_LIBRARY = {"tests", "test", "testing", "docs", "doc", "examples", "example", "benchmarks", "bench", "scripts"}
 
 
-def library_files(repo: Path, commit: str) -> list[str]:
-    """Tracked Python files that are library code: not tests, docs, examples, ``setup.py`` or ``conftest.py``."""
+def library_files(repo: Path, commit: str, max_lines: int | None = None) -> list[str]:
+    """Tracked Python files that are library code: not tests, docs, examples, ``setup.py`` or ``conftest.py``;
+    with ``max_lines``, only files that short (small models edit whole files)."""
     out = []
     for path in git("ls-tree", "-r", "--name-only", commit, cwd=repo).split():
         p = PurePosixPath(path)
@@ -41,7 +42,8 @@ def library_files(repo: Path, commit: str) -> list[str]:
             continue
         if any(part.lower() in NOT_LIBRARY or part.startswith(".") for part in p.parts[:-1]):
             continue
-        out.append(path)
+        if max_lines is None or git("show", f"{commit}:{path}", cwd=repo).count("\n") <= max_lines:
+            out.append(path)
     return out
 
 
@@ -110,6 +112,7 @@ def _row(
         "strategy": mutation.kind,
         "mutation": f"{path}: {mutation.description}",
         "env": json.dumps(env) if env else "",
+        "files": [path],
         "created_by": "aitlrt tasks generate",
     }
 
@@ -123,6 +126,7 @@ def generate_tasks(
     seed: int = 0,
     per_function: int = 2,
     workers: int = 2,
+    max_file_lines: int | None = None,
     env: dict[str, Any] | None = None,
     log: Callable[[str], None] = print,
 ) -> Report:
@@ -143,7 +147,7 @@ def generate_tasks(
         raise RuntimeError(f"the test suite of {source} does not pass at its base; pytest said:\n{output[-1500:]}")
     log(f"aitlrt: baseline: {len(passing)} passing tests in {report.baseline_s:.1f} s")
     timeout = max(20.0, 5 * report.baseline_s)
-    files = library_files(repo, base)
+    files = library_files(repo, base, max_file_lines)
     queue = _candidates(repo, base, files, seed, per_function)
     lock = threading.Lock()
     out.parent.mkdir(parents=True, exist_ok=True)

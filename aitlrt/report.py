@@ -1,0 +1,45 @@
+"""Console output of a training run: one table row per logged step."""
+
+from __future__ import annotations
+
+from transformers import TrainerCallback
+
+COLUMNS = (
+    ("step", "step", "{:>5.0f}"),
+    ("reward", "reward", "{:>7.3f}"),
+    ("resolve", "rewards/tests_pass/mean", "{:>7.2f}"),
+    ("simil.", "rewards/patch_similarity/mean", "{:>7.3f}"),
+    ("patch", "rollouts/non_empty_patch_rate", "{:>6.2f}"),
+    ("ok", "rollouts/ok", "{:>5.2f}"),
+    ("calls", "rollouts/calls_mean", "{:>6.1f}"),
+    ("tokens", "rollouts/completion_tokens_mean", "{:>7.0f}"),
+    ("rows", "rows/count", "{:>5.0f}"),
+    ("0-var", "zero_variance_groups", "{:>5.0f}"),
+    ("lp gap", "logprob_gap/mean", "{:>7.3f}"),
+    ("loss", "loss", "{:>8.4f}"),
+    ("roll s", "time/rollouts_s", "{:>7.1f}"),
+    ("rew s", "time/rewards_s", "{:>6.1f}"),
+    ("upd s", "time/update_s", "{:>6.1f}"),
+    ("sync s", "time/sync_s", "{:>6.1f}"),
+    ("wv", "weight_version", "{:>3.0f}"),
+)
+
+
+class StepTable(TrainerCallback):
+    """Prints a header once and a row per ``on_log`` on the main process (missing values show as ``-``)."""
+
+    def __init__(self) -> None:
+        self._header = False
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs or "reward" not in logs:
+            return
+        values = {**logs, "step": state.global_step}
+        if not self._header:
+            print("\n" + " ".join(f"{name:>{len(fmt.format(0))}}" for name, _, fmt in COLUMNS), flush=True)
+            self._header = True
+        cells = []
+        for _, key, fmt in COLUMNS:
+            width = len(fmt.format(0))
+            cells.append(fmt.format(values[key]) if isinstance(values.get(key), int | float) else "-".rjust(width))
+        print(" ".join(cells), flush=True)
