@@ -27,6 +27,16 @@ def main(argv: list[str] | None = None) -> None:
     rollout_cli.add_parser(verbs)
     tasks_cli.add_parser(verbs)
 
+    verbs.add_parser(
+        "train", help="agent-in-the-loop GRPO (aitlrt/train.py; e.g. --config configs/cpu_demo.yaml)", add_help=False
+    )
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["train"]:
+        from aitlrt.train import main as train_main
+
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        train_main(argv[1:])
+        return
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the `finally`s that stop child servers
     if args.verb == "model":

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from tqdm.auto import tqdm
 from transformers import TrainerCallback
+from transformers.trainer_callback import ProgressCallback
 
 COLUMNS = (
     ("step", "step", "{:>5.0f}"),
@@ -36,10 +38,25 @@ class StepTable(TrainerCallback):
             return
         values = {**logs, "step": state.global_step}
         if not self._header:
-            print("\n" + " ".join(f"{name:>{len(fmt.format(0))}}" for name, _, fmt in COLUMNS), flush=True)
+            tqdm.write(" ".join(f"{name:>{len(fmt.format(0))}}" for name, _, fmt in COLUMNS))
             self._header = True
         cells = []
         for _, key, fmt in COLUMNS:
             width = len(fmt.format(0))
             cells.append(fmt.format(values[key]) if isinstance(values.get(key), int | float) else "-".rjust(width))
-        print(" ".join(cells), flush=True)
+        tqdm.write(" ".join(cells))
+
+
+class QuietProgress(ProgressCallback):
+    """transformers' progress bar without its dump of every logged value (the step table shows them)."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        return None
+
+
+def use_step_table(trainer) -> None:
+    """Print the step table; keep the progress bar but not the raw log dicts."""
+    if any(isinstance(cb, ProgressCallback) for cb in trainer.callback_handler.callbacks):
+        trainer.remove_callback(ProgressCallback)
+        trainer.add_callback(QuietProgress())
+    trainer.add_callback(StepTable())

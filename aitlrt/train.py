@@ -95,14 +95,14 @@ def start_server(script, config, model_path: str):
     return serve
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None):
     from trl import ModelConfig, TrlParser, get_peft_config
 
     from aitlrt.config import AgentGRPOConfig, AgentScriptArguments
 
     parser = TrlParser((AgentScriptArguments, AgentGRPOConfig, ModelConfig))
     script, config, model_args = parser.parse_args_and_config(argv)
-    run(script, config, model_args, get_peft_config(model_args))
+    return run(script, config, model_args, get_peft_config(model_args))
 
 
 def run(script, config, model_args, peft_config=None):
@@ -112,7 +112,7 @@ def run(script, config, model_args, peft_config=None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from aitlrt.model import resolve_model
-    from aitlrt.report import StepTable
+    from aitlrt.report import use_step_table
     from aitlrt.rewards import REWARDS
     from aitlrt.trainer import AgentGRPOTrainer
 
@@ -142,8 +142,8 @@ def run(script, config, model_args, peft_config=None):
             train_dataset=Dataset.from_list(rows),
             processing_class=tokenizer,
             peft_config=peft_config,
-            callbacks=[StepTable()],
         )
+        use_step_table(trainer)
         started = time.monotonic()
         trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
         trainer.save_model(config.output_dir)

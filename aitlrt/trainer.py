@@ -36,6 +36,32 @@ from aitlrt.rows import Row, RowStats, build_rows
 from aitlrt.tasks.task import task_from_row
 
 
+def merged_state_dict(peft_model) -> dict[str, torch.Tensor]:
+    """A PEFT model's weights with the adapters merged in, under the base model's names (what vLLM loads); the
+    adapters are taken out again afterwards, so training goes on unchanged."""
+    peft_model.merge_adapter()
+    try:
+        return {
+            k.removeprefix("base_model.model.").replace(".base_layer", ""): v.detach().to("cpu").clone()
+            for k, v in peft_model.state_dict().items()
+            if "lora_" not in k and "modules_to_save" not in k
+        }
+    finally:
+        peft_model.unmerge_adapter()
+
+
+def _untied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The state dict with tied tensors kept once, under their first name (``lm_head`` tied to the embeddings
+    is left out, as ``save_pretrained`` does and vLLM expects)."""
+    seen: set[int] = set()
+    out = {}
+    for name, tensor in state.items():
+        if tensor.data_ptr() not in seen:
+            seen.add(tensor.data_ptr())
+            out[name] = tensor.contiguous()
+    return out
+
+
 class WeightVersionError(RuntimeError):
     """Rows were sampled by another weight version than the trainer synced: the sync silently failed."""
 
@@ -49,8 +75,8 @@ class AgentGRPOTrainer(GRPOTrainer):
             raise ValueError("AgentGRPOConfig.proxy_url is required (the aitlrt-serve URL)")
         self.proxy_url = self.args.proxy_url.rstrip("/")
         self.agent = agent or make_agent(self.args.agent, self.args.edit_format)
-        self._served_model = self._proxy("GET", "/v1/models").json()["data"][0]["id"]
-        self.weight_version = self._proxy("GET", "/weights").json()["weight_version"]
+        self._served_model: str | None = None  # asked of the proxy at the first generation
+        self.weight_version = -1
         self._synced_step = self.state.global_step  # the server starts with the initial weights
         self._checkouts: dict[str, tuple[Path, str]] = {}
         self._generation_s = 0.0
@@ -60,7 +86,8 @@ class AgentGRPOTrainer(GRPOTrainer):
         return httpx.request(method, f"{self.proxy_url}{path}", timeout=600, **kw).raise_for_status()
 
     def sync_weights(self) -> float:
-        """Push the current policy to the server (every rank calls; the main process saves and reloads)."""
+        """Push the current policy to the server (every rank calls; the main process saves and reloads).
+        LoRA runs send the merged weights (``merged_state_dict``)."""
         started = time.monotonic()
         if self.args.weight_sync == "reload":
             folder = Path(self.args.weight_sync_dir or Path(self.args.output_dir) / "sync")
@@ -69,7 +96,7 @@ class AgentGRPOTrainer(GRPOTrainer):
                 from safetensors.torch import save_file
 
                 folder.mkdir(parents=True, exist_ok=True)
-                save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"))
+                save_file(_untied(state), str(folder / "model.safetensors"))
                 self.weight_version = self._proxy("POST", "/weights/reload", json={"path": str(folder)}).json()[
                     "weight_version"
                 ]
@@ -78,21 +105,10 @@ class AgentGRPOTrainer(GRPOTrainer):
         return time.monotonic() - started
 
     def _policy_state_dict(self) -> dict[str, torch.Tensor]:
-        """The policy's weights under the base model's names (LoRA merged in, then taken out again)."""
         model = self.accelerator.unwrap_model(self.model)
-        if hasattr(model, "merge_adapter"):  # PEFT
-            model.merge_adapter()
-            try:
-                state = {
-                    k.removeprefix("base_model.model.").replace(".base_layer", ""): v.detach().to("cpu").clone()
-                    for k, v in model.state_dict().items()
-                    if "lora_" not in k and "modules_to_save" not in k
-                }
-            finally:
-                model.unmerge_adapter()
-            return state
-        state = self.accelerator.get_state_dict(self.model)
-        return {k: v.detach().to("cpu") for k, v in state.items()}
+        if hasattr(model, "merge_adapter"):
+            return merged_state_dict(model)
+        return {k: v.detach().to("cpu") for k, v in self.accelerator.get_state_dict(self.model).items()}
 
     # ---- one generation step ---------------------------------------------------------------------------------
     def _checkout(self, row: dict[str, Any]) -> tuple[Path, str]:
@@ -118,9 +134,15 @@ class AgentGRPOTrainer(GRPOTrainer):
             requests.append(RolloutRequest(f"{tag}-{i:03d}", task, repo, base))
         return runner.run(requests)
 
+    def _connect(self) -> None:
+        if self._served_model is None:
+            self._served_model = self._proxy("GET", "/v1/models").json()["data"][0]["id"]
+            self.weight_version = self._proxy("GET", "/weights").json()["weight_version"]
+
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         mode = "train" if self.model.training else "eval"
         t0 = time.monotonic()
+        self._connect()
         sync_s = self.sync_weights() if self.state.global_step != self._synced_step else 0.0
         t1 = time.monotonic()
         outcomes = self._rollouts(inputs)
@@ -128,6 +150,8 @@ class AgentGRPOTrainer(GRPOTrainer):
         for row, outcome in zip(inputs, outcomes, strict=True):
             row["agent_patch"] = outcome.patch
             row["rollout_status"] = outcome.status
+            row["rollout_calls"] = outcome.calls
+            row["rollout_completion_tokens"] = outcome.completion_tokens
         prompts = [row["prompt"] for row in inputs]
         completions = [o.patch for o in outcomes]
         rewards_per_func = self._calculate_rewards(inputs, prompts, completions, [[] for _ in inputs])
