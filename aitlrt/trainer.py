@@ -37,17 +37,28 @@ from aitlrt.tasks.task import task_from_row
 
 
 def merged_state_dict(peft_model) -> dict[str, torch.Tensor]:
-    """A PEFT model's weights with the adapters merged in, under the base model's names (what vLLM loads); the
-    adapters are taken out again afterwards, so training goes on unchanged."""
-    peft_model.merge_adapter()
-    try:
-        return {
-            k.removeprefix("base_model.model.").replace(".base_layer", ""): v.detach().to("cpu").clone()
-            for k, v in peft_model.state_dict().items()
-            if "lora_" not in k and "modules_to_save" not in k
-        }
-    finally:
-        peft_model.unmerge_adapter()
+    """A PEFT model's weights with its active LoRA adapters added in, under the base model's names (what vLLM
+    loads). Computed out of place (``W + get_delta_weight``): unlike merge/unmerge, the model's own weights are
+    never touched, so repeated syncs cannot accumulate rounding drift into a bf16 base."""
+    from peft.tuners.lora import LoraLayer
+
+    def base_name(name: str) -> str:
+        return name.removeprefix("base_model.model.").replace(".base_layer", "")
+
+    state = {
+        base_name(k): v.detach().to("cpu").clone()
+        for k, v in peft_model.state_dict().items()
+        if "lora_" not in k and "modules_to_save" not in k
+    }
+    with torch.no_grad():
+        for name, module in peft_model.named_modules():
+            if isinstance(module, LoraLayer) and not module.merged:
+                weight = base_name(f"{name}.base_layer.weight")
+                for adapter in module.active_adapters:
+                    if adapter in module.lora_A:
+                        delta = module.get_delta_weight(adapter).to("cpu", state[weight].dtype)
+                        state[weight] = state[weight] + delta
+    return state
 
 
 def _untied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""LoRA weight sync sends merged weights under the base model's names, and leaves the adapters in place."""
+"""LoRA weight sync sends merged weights under the base model's names and never touches the model's own weights."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def test_merged_state_dict_matches_the_base_names_and_the_merged_values(model_di
     plain = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     plain.load_state_dict(merged, strict=False)
     with torch.no_grad():
-        assert torch.allclose(plain(probe).logits, with_adapter, atol=1e-4)
+        assert torch.allclose(plain(probe).logits, with_adapter, atol=1e-3)  # logits ~10: fp32 rounding
         # ...and the PEFT model is unmerged again: its base weights are the originals, its output unchanged.
         assert torch.equal(layer.base_layer.weight, original[q])
         assert torch.allclose(model(probe).logits, with_adapter, atol=1e-6)
