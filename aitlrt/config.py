@@ -45,8 +45,10 @@ class AgentGRPOConfig(GRPOConfig):
     def __post_init__(self) -> None:
         self.use_vllm = False  # generation is the agents'; the proxy owns vLLM
         self.remove_unused_columns = False  # task columns must reach the rollouts and the rewards
-        if self.bf16 is None and not torch.cuda.is_available():
-            self.bf16 = False  # trl defaults to bf16, which transformers refuses without a GPU
+        if not torch.cuda.is_available():
+            self.use_cpu = True  # else transformers sees one process under torchrun on CPU (world_size 1)
+            if self.bf16 is None:
+                self.bf16 = False  # trl defaults to bf16, which transformers refuses without a GPU
         super().__post_init__()
         if self.weight_sync not in ("reload", "none"):
             raise ValueError(f"weight_sync must be reload or none, got {self.weight_sync!r}")
