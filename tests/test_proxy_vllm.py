@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -35,6 +36,17 @@ def test_recorded_tokens_decode_to_what_the_agent_received(served, tokenizer):
     assert call["usage"]["completion_tokens"] == len(ids)
 
 
+def wait_for_log_line(path, needle: str, timeout_s: float = 30.0) -> str:
+    """The first line of ``path`` containing ``needle`` (vLLM writes its log asynchronously: poll for it)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = next((x for x in path.read_text().splitlines() if needle in x), None)
+        if found is not None or time.monotonic() > deadline:
+            assert found is not None, f"{needle!r} not in {path} after {timeout_s:.0f} s"
+            return found
+        time.sleep(0.2)
+
+
 def test_forced_sampling_params_are_what_vllm_saw(served):
     resp = chat(
         served.url, "forced-1", "Say yes.", temperature=0.0, top_p=0.1, max_tokens=3, top_k=5, presence_penalty=1.5
@@ -45,8 +57,7 @@ def test_forced_sampling_params_are_what_vllm_saw(served):
     assert (req["temperature"], req["top_p"], req["top_k"], req["max_tokens"]) == (1.0, 0.95, -1, 48)
     assert "presence_penalty" not in req
     # vLLM logs the SamplingParams it built for this very request id (--enable-log-requests).
-    log = served.vllm_log.read_text()
-    line = next(x for x in log.splitlines() if f"Received request {call['response_id']}" in x)
+    line = wait_for_log_line(served.vllm_log, f"Received request {call['response_id']}")
     params = re.search(r"SamplingParams\((.*?)\), lora_request", line).group(1)
     assert "temperature=1.0" in params and "top_p=0.95" in params and "max_tokens=48" in params
     assert "presence_penalty=0.0" in params
