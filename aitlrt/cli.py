@@ -22,10 +22,13 @@ def main(argv: list[str] | None = None) -> None:
     demo.add_argument("--run-dir", type=Path, default=Path("runs/demo"))
     demo.add_argument("--max-tokens", type=int, default=96)
 
-    from aitlrt import rollout_cli, tasks_cli
+    from aitlrt import eval_cli, rollout_cli, tasks_cli
 
     rollout_cli.add_parser(verbs)
     tasks_cli.add_parser(verbs)
+    eval_cli.add_parser(verbs)
+    report = verbs.add_parser("report", help="write RUN_DIR/report.html from a training run's saved rollouts")
+    report.add_argument("run_dir", type=Path)
 
     verbs.add_parser(
         "train", help="agent-in-the-loop GRPO (aitlrt/train.py; e.g. --config configs/cpu_demo.yaml)", add_help=False
@@ -55,6 +58,15 @@ def main(argv: list[str] | None = None) -> None:
         rollout_cli.run(args)
     elif args.verb == "tasks":
         sys.exit(tasks_cli.run(args))
+    elif args.verb == "eval":
+        sys.exit(eval_cli.run(args))
+    elif args.verb == "report":
+        from aitlrt.html_report import read_run, write_report
+
+        records = read_run(args.run_dir)
+        if not records:
+            raise SystemExit(f"aitlrt report: no rollouts under {args.run_dir / 'rollouts'}")
+        print(write_report(records, args.run_dir / "report.html", f"aitlrt run {args.run_dir}"))
 
 
 if __name__ == "__main__":

@@ -49,7 +49,8 @@ def print_table(outcomes: list[RolloutOutcome]) -> None:
     print("statuses: " + ", ".join(f"{k}={v}" for k, v in sorted(by_status.items())))
 
 
-def run(args) -> list[RolloutOutcome]:
+def run(args) -> tuple[list[RolloutOutcome], dict[str, list[float]], list[Task]]:
+    """Run the rollouts; return them, their rewards (``--rewards``) and each one's task."""
     proxy = args.proxy.rstrip("/")
     model = args.model
     if model is None:
@@ -67,8 +68,12 @@ def run(args) -> list[RolloutOutcome]:
         for task, repo, base in tasks
         for g in range(args.n)
     ]
+    try:
+        agent = make_agent(args.agent, args.edit_format)
+    except ValueError as exc:
+        raise SystemExit(f"aitlrt rollout: {exc}") from None
     runner = RolloutRunner(
-        make_agent(args.agent, args.edit_format),
+        agent,
         proxy,
         model,
         concurrency=args.concurrency,
@@ -97,7 +102,8 @@ def run(args) -> list[RolloutOutcome]:
         if hasattr(runner.agent, "close"):
             runner.agent.close()
     print_table(outcomes)
-    rewards = score(args.rewards, outcomes, [t for t, _, _ in tasks for _ in range(args.n)]) if args.rewards else {}
+    per_rollout = [t for t, _, _ in tasks for _ in range(args.n)]
+    rewards = score(args.rewards, outcomes, per_rollout) if args.rewards else {}
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with open(args.out, "w") as f:
@@ -105,7 +111,7 @@ def run(args) -> list[RolloutOutcome]:
                 scores = {name: values[i] for name, values in rewards.items()}
                 f.write(json.dumps({**o.summary(), "rewards": scores, "trace": o.trace}) + "\n")
         print(f"[aitlrt] outcomes and traces: {args.out}")
-    return outcomes
+    return outcomes, rewards, per_rollout
 
 
 def score(names: str, outcomes: list[RolloutOutcome], tasks: list[Task]) -> dict[str, list[float]]:
@@ -126,19 +132,24 @@ def score(names: str, outcomes: list[RolloutOutcome], tasks: list[Task]) -> dict
     return scores
 
 
-def add_parser(verbs) -> None:
-    p = verbs.add_parser("rollout", help="run agents on tasks via aitlrt-serve (no training), with a summary")
+def add_rollout_arguments(p) -> None:
+    """The arguments ``aitlrt rollout`` and ``aitlrt eval`` share."""
     p.add_argument("--tasks", required=True, help="task file (JSON/JSONL/CSV/parquet) or Hub dataset name")
     p.add_argument("--source", action="append", default=[], help="ID_OR_REPO=SOURCE to override a task's repo")
     p.add_argument("--limit", type=int, default=None, help="use only the first N valid tasks")
-    p.add_argument("--rewards", default="", help="comma-separated built-in rewards to score rollouts with")
-    p.add_argument("--proxy", default="http://127.0.0.1:8000", help="aitlrt-serve URL")
     p.add_argument("--n", type=int, default=1, help="rollouts per task")
     p.add_argument("--agent", default="aider-warm", help="aider-warm (warm workers), aider (CLI) or single-call")
     p.add_argument("--edit-format", default="whole", help="Aider's edit format (whole, diff, ...)")
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--timeout", type=float, default=600.0, help="wall-clock seconds per rollout")
     p.add_argument("--max-calls", type=int, default=None, help="model calls per rollout (enforced by the proxy)")
-    p.add_argument("--model", default=None, help="served model name (default: the proxy's first)")
     p.add_argument("--context-window", type=int, default=8192)
+
+
+def add_parser(verbs) -> None:
+    p = verbs.add_parser("rollout", help="run agents on tasks via aitlrt-serve (no training), with a summary")
+    add_rollout_arguments(p)
+    p.add_argument("--rewards", default="", help="comma-separated built-in rewards to score rollouts with")
+    p.add_argument("--proxy", default="http://127.0.0.1:8000", help="aitlrt-serve URL")
+    p.add_argument("--model", default=None, help="served model name (default: the proxy's first)")
     p.add_argument("--out", type=Path, default=None, help="write outcomes with traces as JSON lines")

@@ -1,12 +1,13 @@
 """One rank of the multi-rank check (run by ``tests/test_multirank.py`` under torchrun, CPU/gloo).
 
 A tiny random Llama is trained for two steps; a small agent of ours opens a new conversation per call, so every
-call is its own row, and its rollouts make 1 call on rank 0 and 6 on rank 1: the ranks hold very different row
+call is its own row, and its rollouts make 1-2 calls on rank 0 and 6-7 on rank 1: the ranks hold very different row
 counts, and each group of ``num_generations`` rollouts straddles the ranks.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import time
@@ -25,14 +26,17 @@ from aitlrt.trainer import AgentGRPOTrainer
 
 
 class CountingAgent:
-    """Makes 1 call per rollout on rank 0 and 6 on rank 1 (one-message conversations), then writes how many
-    into the repository."""
+    """Makes 1-2 calls per rollout on rank 0 and 6-7 on rank 1 (alternately; one-message conversations), then
+    writes how many into the repository."""
 
     name = "counting"
 
+    def __init__(self) -> None:
+        self._runs = itertools.count()
+
     def run(self, task, ws, endpoint, timeout_s):
         started = time.monotonic()
-        calls = 1 + 5 * int(os.environ.get("RANK", "0"))
+        calls = 1 + 5 * int(os.environ.get("RANK", "0")) + next(self._runs) % 2
         for j in range(calls):
             body = {"model": endpoint.model, "messages": [{"role": "user", "content": f"{task.task_id} call {j}"}]}
             headers = {"Authorization": f"Bearer {endpoint.api_key}"}
@@ -45,7 +49,8 @@ def calls_reward(prompts, completions, completion_ids=None, **kwargs):
     return [c / 6 for c in kwargs["rollout_calls"]]
 
 
-def main(proxy: str, repo: str, out: str) -> None:
+def tiny_trainer(proxy: str, repo: str, out: str, **config) -> AgentGRPOTrainer:
+    """A tiny random Llama, two tasks on ``repo``, the counting agent, the scripted upstream behind ``proxy``."""
     torch.manual_seed(0)
     model = LlamaForCausalLM(
         LlamaConfig(
@@ -67,7 +72,7 @@ def main(proxy: str, repo: str, out: str) -> None:
         task_from_row({"instance_id": f"task-{k}", "problem_statement": f"task {k}", "repo_path": repo}).as_row()
         for k in range(2)
     ]
-    config = AgentGRPOConfig(
+    settings = dict(
         output_dir=out,
         proxy_url=proxy,
         max_steps=2,
@@ -81,14 +86,18 @@ def main(proxy: str, repo: str, out: str) -> None:
         seed=0,
         rollout_concurrency=2,
     )
-    trainer = AgentGRPOTrainer(
+    return AgentGRPOTrainer(
         model=model,
         reward_funcs=[calls_reward],
-        args=config,
+        args=AgentGRPOConfig(**{**settings, **config}),
         processing_class=tok,
-        train_dataset=Dataset.from_list([{"prompt": r["problem_statement"], **r} for r in rows]),
         agent=CountingAgent(),
+        train_dataset=Dataset.from_list([{"prompt": r["problem_statement"], **r} for r in rows]),
     )
+
+
+def main(proxy: str, repo: str, out: str) -> None:
+    trainer = tiny_trainer(proxy, repo, out)
     trainer.train()
     rank = trainer.accelerator.process_index
     counts = [entry["rows/count"] for entry in trainer.state.log_history if "rows/count" in entry]

@@ -58,5 +58,6 @@ def test_two_ranks_with_unequal_rows_finish_with_whole_group_advantages(scripted
         assert rewards.tolist() == pytest.approx([c / 6 for c in calls])
         expected, _ = group_advantages(rewards, 4)
         assert [s["advantage"] for s in saved] == pytest.approx(expected.tolist(), abs=1e-5)
-        assert calls == [1, 1, 6, 6] and [s["rows"] for s in saved] == calls  # rank 0: 2 rows, rank 1: 12 rows
+        assert sorted(calls[:2]) == [1, 2] and sorted(calls[2:]) == [6, 7]  # rank 0: 3 rows, rank 1: 13 rows
+        assert [s["rows"] for s in saved] == calls
         assert expected.abs().min() > 0.5  # the group's advantages really span both ranks

@@ -1,0 +1,75 @@
+"""``aitlrt eval`` compares two checkpoints on the same tasks through a real aitlrt-serve + vLLM CPU server, and
+``aitlrt report`` turns saved rollouts into a static HTML page."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from aitlrt.workspace import git
+
+
+def test_eval_compares_two_checkpoints_and_writes_a_report(served, tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    git("init", "-q", cwd=repo)
+    git("add", "-A", cwd=repo)
+    git("commit", "-qm", "base", cwd=repo)
+    tasks = tmp_path / "tasks.jsonl"
+    row = {
+        "instance_id": "calc-1",
+        "problem_statement": "add() subtracts; make it add.",
+        "repo_path": str(repo),
+        "files": ["calc.py"],
+        "patch": "--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n"
+        "-    return a - b\n+    return a + b\n",
+    }
+    tasks.write_text(json.dumps(row) + "\n")
+    out = tmp_path / "eval"
+    cmd = [
+        sys.executable,
+        "-m",
+        "aitlrt.cli",
+        "eval",
+        "--tasks",
+        str(tasks),
+        "--proxy",
+        served.url,
+        "--checkpoint",
+        "served",
+        "--compare",
+        str(served.model_dir),
+        "--agent",
+        "single-call",
+        "--n",
+        "2",
+        "--rewards",
+        "non_empty_patch,patch_similarity",
+        "--out-dir",
+        str(out),
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    table = done.stdout[done.stdout.index("metric") :]
+    assert "served" in table and Path(served.model_dir).name[:24] in table
+    for metric in ("non_empty_patch", "patch_similarity", "calls", "completion_tokens", "status_ok"):
+        assert metric in table
+    records = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert [r["checkpoint"] for r in records] == ["served"] * 2 + [str(served.model_dir)] * 2
+    assert all(r["calls"] == 1 and r["conversation"][-1]["role"] == "assistant" for r in records)
+    html = (out / "report.html").read_text()
+    assert html.startswith("<!doctype html>") and html.count("<details>") == 4 and "calc-1" in html
+
+    # The same report from a training run's saved rollouts.
+    run = tmp_path / "run"
+    (run / "rollouts").mkdir(parents=True)
+    for step in (0, 1):
+        saved = [{**r, "step": step, "advantage": 0.5} for r in records[:2]]
+        (run / "rollouts" / f"step_{step:04d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in saved))
+    made = subprocess.run([sys.executable, "-m", "aitlrt.cli", "report", str(run)], capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    page = (run / "report.html").read_text()
+    assert "<svg" in page and page.count("<details>") == 4 and "advantage 0.500" in page
