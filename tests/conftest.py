@@ -84,6 +84,13 @@ def served(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     assert httpx_down(f"http://127.0.0.1:{vllm_port}/health"), "vLLM outlived aitlrt-serve"
 
 
+@pytest.fixture
+def restore_weights(served: Served) -> Iterator[None]:
+    """Put the served model's original weights back after a test that syncs trained ones into the server."""
+    yield
+    httpx.post(f"{served.url}/weights/reload", json={"path": str(served.model_dir)}, timeout=300).raise_for_status()
+
+
 def httpx_down(url: str) -> bool:
     try:
         httpx.get(url, timeout=2)

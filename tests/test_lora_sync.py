@@ -37,3 +37,45 @@ def test_merged_state_dict_matches_the_base_names_and_the_merged_values(model_di
         # ...and the PEFT model is unmerged again: its base weights are the originals, its output unchanged.
         assert torch.equal(layer.base_layer.weight, original[q])
         assert torch.allclose(model(probe).logits, with_adapter, atol=1e-6)
+
+
+def test_a_lora_trainer_syncs_merged_weights_into_the_server(served, tokenizer, tmp_path, restore_weights):
+    """Through the trainer's own sync: the server then scores a probe like the merged model does."""
+    import httpx
+    from datasets import Dataset
+
+    from aitlrt.config import AgentGRPOConfig
+    from aitlrt.trainer import AgentGRPOTrainer
+    from tests.test_train import probe_logprobs, trainer_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(served.model_dir, dtype=torch.float32)
+    config = AgentGRPOConfig(
+        output_dir=str(tmp_path), proxy_url=served.url, per_device_train_batch_size=2, num_generations=2, report_to=[]
+    )
+    trainer = AgentGRPOTrainer(
+        model=model,
+        reward_funcs=[lambda **k: [0.0] * len(k["prompts"])],
+        args=config,
+        processing_class=tokenizer,
+        train_dataset=Dataset.from_list([{"prompt": "p", "instance_id": "x", "problem_statement": "p"}]),
+        peft_config=LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "up_proj"]),
+        agent=object(),
+    )
+    for name, param in trainer.model.named_parameters():
+        if "lora_B" in name:  # as if trained: a clearly different policy
+            torch.nn.init.normal_(param, std=0.1)
+    probe = tokenizer("def add(a, b):\n    return a + b\n")["input_ids"]
+    before = probe_logprobs(served.vllm_url, probe)
+    version = httpx.get(f"{served.url}/weights").json()["weight_version"]
+    trainer.sync_weights()
+    assert trainer.weight_version == httpx.get(f"{served.url}/weights").json()["weight_version"] == version + 1
+    after = probe_logprobs(served.vllm_url, probe)
+    with torch.no_grad():
+        expected = trainer_logprobs(trainer.model, probe)  # the adapter model itself (fp32)
+    moved = sum(abs(a - b) for a, b in zip(after, before, strict=True)) / len(probe)
+    gap = sum(abs(a - e) for a, e in zip(after, expected, strict=True)) / len(probe)
+    assert moved > 0.1, moved  # the server really serves the new policy ...
+    print(f"LoRA sync: server moved {moved:.3f} nats/token, gap to the adapter model {gap:.3f}")
+    # ... and scores like the LoRA model: within vLLM's bf16-vs-fp32 noise (~0.04 nats/token mean here), well
+    # below how far the policy moved.
+    assert gap < 0.1 and gap < moved / 2, (gap, moved)

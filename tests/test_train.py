@@ -61,12 +61,6 @@ def trainer_logprobs(model, ids: list[int]) -> list[float]:
     return torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:]).unsqueeze(1)).squeeze(1).tolist()
 
 
-@pytest.fixture
-def restore_weights(served):
-    yield
-    httpx.post(f"{served.url}/weights/reload", json={"path": str(served.model_dir)}, timeout=300).raise_for_status()
-
-
 def test_two_grpo_steps_with_real_agents(served, data_dir, tokenizer, tmp_path, restore_weights):
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
