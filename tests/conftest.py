@@ -85,6 +85,24 @@ def served(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 
 @pytest.fixture
+def make_repo(tmp_path: Path) -> Callable[..., Path]:
+    """A factory of small real git repositories: ``make_repo({"path": "content"})`` → its folder (one commit)."""
+    from aitlrt.workspace import git
+
+    def make(files: dict[str, str], name: str = "repo") -> Path:
+        path = tmp_path / name
+        for rel, text in files.items():
+            (path / rel).parent.mkdir(parents=True, exist_ok=True)
+            (path / rel).write_text(text)
+        git("init", "-q", cwd=path)
+        git("add", "-A", cwd=path)
+        git("commit", "-qm", "base", cwd=path)
+        return path
+
+    return make
+
+
+@pytest.fixture
 def restore_weights(served: Served) -> Iterator[None]:
     """Put the served model's original weights back after a test that syncs trained ones into the server."""
     yield

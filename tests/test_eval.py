@@ -8,16 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from aitlrt.workspace import git
 
-
-def test_eval_compares_two_checkpoints_and_writes_a_report(served, tmp_path):
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    (repo / "calc.py").write_text("def add(a, b):\n    return a - b\n")
-    git("init", "-q", cwd=repo)
-    git("add", "-A", cwd=repo)
-    git("commit", "-qm", "base", cwd=repo)
+def test_eval_compares_two_checkpoints_and_writes_a_report(served, make_repo, tmp_path):
+    repo = make_repo({"calc.py": "def add(a, b):\n    return a - b\n"})
     tasks = tmp_path / "tasks.jsonl"
     row = {
         "instance_id": "calc-1",

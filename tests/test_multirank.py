@@ -13,25 +13,16 @@ import pytest
 import torch
 
 from aitlrt.advantages import group_advantages
-from aitlrt.workspace import git
 from aitlrt_server.upstream import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    path = tmp_path / "repo"
-    path.mkdir()
-    (path / "README").write_text("tiny\n")
-    git("init", "-q", cwd=path)
-    git("add", "-A", cwd=path)
-    git("commit", "-qm", "base", cwd=path)
-    return path
-
-
-def test_two_ranks_with_unequal_rows_finish_with_whole_group_advantages(scripted_upstream, start_proxy, repo, tmp_path):
+def test_two_ranks_with_unequal_rows_finish_with_whole_group_advantages(
+    scripted_upstream, start_proxy, make_repo, tmp_path
+):
     proxy = start_proxy(scripted_upstream)
+    repo = make_repo({"README": "tiny\n"})
     out = tmp_path / "run"
     cmd = [
         sys.executable,

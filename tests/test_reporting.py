@@ -4,20 +4,14 @@ from __future__ import annotations
 
 import time
 
-from aitlrt.workspace import git
 from tests.multirank_run import tiny_trainer
 
 
-def test_step_metrics_reach_wandb_offline(scripted_upstream, start_proxy, tmp_path, monkeypatch):
+def test_step_metrics_reach_wandb_offline(scripted_upstream, start_proxy, make_repo, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_SILENT", "true")
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    (repo / "README").write_text("tiny\n")
-    git("init", "-q", cwd=repo)
-    git("add", "-A", cwd=repo)
-    git("commit", "-qm", "base", cwd=repo)
+    repo = make_repo({"README": "tiny\n"})
     trainer = tiny_trainer(
         start_proxy(scripted_upstream).url,
         str(repo),

@@ -8,19 +8,13 @@ import json
 import torch
 from transformers import TrainerCallback
 
-from aitlrt.workspace import git
 from tests.multirank_run import tiny_trainer
 
 ONE_RANK = {"per_device_train_batch_size": 4}  # a whole group of num_generations=4 on the one rank
 
 
-def test_resume_from_a_checkpoint_continues_the_run(scripted_upstream, start_proxy, tmp_path):
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    (repo / "README").write_text("tiny\n")
-    git("init", "-q", cwd=repo)
-    git("add", "-A", cwd=repo)
-    git("commit", "-qm", "base", cwd=repo)
+def test_resume_from_a_checkpoint_continues_the_run(scripted_upstream, start_proxy, make_repo, tmp_path):
+    repo = make_repo({"README": "tiny\n"})
     proxy = start_proxy(scripted_upstream).url
     out = tmp_path / "run"
     first = tiny_trainer(proxy, str(repo), str(out), max_steps=2, save_strategy="steps", save_steps=1, **ONE_RANK)
