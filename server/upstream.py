@@ -101,6 +101,9 @@ class VLLMServer:
     def start(self) -> None:
         env = dict(os.environ)
         env["VLLM_SERVER_DEV_MODE"] = "1"
+        # Importing trl sets VLLM_LOGGING_LEVEL=ERROR in the importing process, which would silence vllm.log
+        # (request logs included) for a server started from a trainer: vLLM's own level is ours to choose.
+        env["VLLM_LOGGING_LEVEL"] = os.environ.get("AITLRT_VLLM_LOGGING_LEVEL", "INFO")
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         env.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
