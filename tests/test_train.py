@@ -18,9 +18,13 @@ TASK = "marshmallow-code__webargs.dbde72fe.pr_974"
 WEIGHTS = [1.0, 0.5, 0.01]
 
 
-def answer_length(prompts, completions, completion_ids=None, **kwargs):
-    """A reward of our own, composed with the built-ins: it varies, so the step really updates the policy."""
-    return [min(1.0, t / 100) for t in kwargs["rollout_completion_tokens"]]
+def first_of_pair(prompts, completions, completion_ids=None, **kwargs):
+    """A reward of our own, composed with the built-ins: 1 for the first rollout of each pair, 0 for the second.
+
+    SmolLM2 rarely edits anything and every call hits the server's 48-token cap, so the built-ins and anything
+    measured on the completions can tie within a group (no gradient, nothing for the sync check to see): this one
+    never ties, so every step really updates the policy."""
+    return [float(i % 2 == 0) for i in range(len(prompts))]
 
 
 class Recording(AgentGRPOTrainer):
@@ -96,7 +100,7 @@ def test_two_grpo_steps_with_real_agents(served, data_dir, tokenizer, tmp_path, 
 
     trainer = Recording(
         model=model,
-        reward_funcs=[patch_similarity, answer_length, non_empty_patch],
+        reward_funcs=[patch_similarity, first_of_pair, non_empty_patch],
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
@@ -136,7 +140,6 @@ def test_two_grpo_steps_with_real_agents(served, data_dir, tokenizer, tmp_path, 
         std = math.sqrt(sum((t - mean) ** 2 for t in totals) / 1)  # unbiased, as trl
         for s, total in zip(saved, totals, strict=True):
             assert s["advantage"] == pytest.approx((total - mean) / (std + 1e-4), abs=1e-4)
-            assert s["rewards"]["answer_length"] == pytest.approx(min(1.0, s["completion_tokens"] / 100))
         # The advantage reaches every trained token of its rollout (scaled by the truncated IS weight ≤ cap).
         adv = batch["advantages"][mask]
         assert torch.all(adv.abs() <= 3.0 * max(abs(s["advantage"]) for s in saved) + 1e-6)
