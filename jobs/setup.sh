@@ -44,7 +44,8 @@ else
       # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break vLLM's start beside CPU torch.
       "${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
       ;;
-    gpu) "${pip[@]}" install -q vllm -e "${ROOT}[dev]" ;;
+    # DeepSpeed for the ZeRO configs in configs/accelerate/ (its ops are built when first used).
+    gpu) "${pip[@]}" install -q vllm deepspeed -e "${ROOT}[dev]" ;;
     none) "${pip[@]}" install -q -e "${ROOT}[dev]" ;;
   esac
   # The bundled model, and SWE-bench's table of test-environment specs (data only: its own deps are not needed).
