@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 import torch
 from trl import GRPOConfig
 
+from aitlrt.resources import rollout_concurrency
+
 
 @dataclass
 class AgentGRPOConfig(GRPOConfig):
@@ -22,7 +24,10 @@ class AgentGRPOConfig(GRPOConfig):
     edit_format: str = field(default="whole", metadata={"help": "Aider's edit format: whole (small models), diff"})
     rollout_timeout_s: float = field(default=600.0, metadata={"help": "wall-clock limit per rollout"})
     rollout_max_calls: int | None = field(default=8, metadata={"help": "model calls per rollout (proxy-enforced)"})
-    rollout_concurrency: int = field(default=8, metadata={"help": "agents running at once on each rank"})
+    rollout_concurrency: int | None = field(
+        default=None,
+        metadata={"help": "agents at once per rank (default: min(cores - 2, memory GiB) of the node / its ranks)"},
+    )
     context_window: int = field(default=8192, metadata={"help": "context window told to the agent"})
     max_row_tokens: int = field(default=8192, metadata={"help": "tokens per training row; longer rows are cut"})
     include_non_policy_calls: bool = field(
@@ -53,6 +58,8 @@ class AgentGRPOConfig(GRPOConfig):
 
     def __post_init__(self) -> None:
         self.use_vllm = False  # generation is the agents'; the proxy owns vLLM
+        if self.rollout_concurrency is None:
+            self.rollout_concurrency = rollout_concurrency()
         self.remove_unused_columns = False  # task columns must reach the rollouts and the rewards
         if not torch.cuda.is_available():
             self.use_cpu = True  # else transformers sees one process under torchrun on CPU (world_size 1)

@@ -13,3 +13,9 @@ def aitlrt_home() -> Path:
 
 def models_dir() -> Path:
     return aitlrt_home() / "models"
+
+
+def scratch_dir() -> Path:
+    """Per-rollout files (workspaces, Aider worker homes): ``$AITLRT_SCRATCH`` or ``AITLRT_HOME``. On a cluster, point
+    it at node-local disk: thousands of short-lived copies do not belong on a shared filesystem."""
+    return Path(os.environ.get("AITLRT_SCRATCH") or aitlrt_home())

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from aitlrt.resources import usable_cores
 from aitlrt.tasks.grading import Grade, grade
 from aitlrt.tasks.patches import similarity
 from aitlrt.tasks.task import Task, TaskError, task_from_row
@@ -51,7 +52,7 @@ class _SimilarityPool:
     def _fresh(self):
         if self._pool is not None:
             self._pool.terminate()
-        self._pool = multiprocessing.get_context("forkserver").Pool(min(4, os.cpu_count() or 1))
+        self._pool = multiprocessing.get_context("forkserver").Pool(min(4, usable_cores()))
         return self._pool
 
     def map(self, pairs: list[tuple[str, str]], timeout: float) -> list[float]:
@@ -138,7 +139,7 @@ def grade_rollouts(kwargs: dict[str, Any], workers: int | None = None) -> list[G
             return Grade("bad_task", reason="the row is not a valid task")
         return grade_cached(task, row["agent_patch"] or "")
 
-    with ThreadPoolExecutor(workers or min(4, os.cpu_count() or 1)) as pool:
+    with ThreadPoolExecutor(workers or min(4, usable_cores())) as pool:
         return list(pool.map(one, rows))
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 
 from aitlrt.agents import AgentTask, make_agent
+from aitlrt.resources import agent_slots
 from aitlrt.rollouts import Progress, RolloutOutcome, RolloutRequest, RolloutRunner
 from aitlrt.tasks.loader import load_tasks, parse_overrides
 from aitlrt.tasks.task import Task
@@ -72,6 +73,7 @@ def run(args) -> tuple[list[RolloutOutcome], dict[str, list[float]], list[Task]]
         agent = make_agent(args.agent, args.edit_format)
     except ValueError as exc:
         raise SystemExit(f"aitlrt rollout: {exc}") from None
+    args.concurrency = args.concurrency or agent_slots()
     runner = RolloutRunner(
         agent,
         proxy,
@@ -140,7 +142,7 @@ def add_rollout_arguments(p) -> None:
     p.add_argument("--n", type=int, default=1, help="rollouts per task")
     p.add_argument("--agent", default="aider-warm", help="aider-warm (warm workers), aider (CLI) or single-call")
     p.add_argument("--edit-format", default="whole", help="Aider's edit format (whole, diff, ...)")
-    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--concurrency", type=int, default=None, help="agents at once (default: from cores and memory)")
     p.add_argument("--timeout", type=float, default=600.0, help="wall-clock seconds per rollout")
     p.add_argument("--max-calls", type=int, default=None, help="model calls per rollout (enforced by the proxy)")
     p.add_argument("--context-window", type=int, default=8192)

@@ -87,6 +87,8 @@ def start_server(script, config, model_path: str):
         str(config.max_completion_length),
         *shlex.split(script.serve_args),
     ]
+    if config.weight_sync == "nccl" and "--weight-transfer-config" not in args:
+        args += ["--weight-transfer-config", '{"backend": "nccl"}']  # vLLM's engine that trl's client streams into
     serve = ServeProcess(args, port=free_port(), log_path=run_dir / "serve.log")
     print(f"[aitlrt] starting aitlrt-serve + vLLM on {model_path}; log: {serve.log_path}", flush=True)
     serve.start()

@@ -2,8 +2,9 @@
 
 The cache is a plain git repository; a rollout's copy is ``git clone --shared`` of it (objects borrowed through
 ``.git/objects/info/alternates``, nothing copied but the checked-out files) at the task's base commit. Copies
-live under ``$AITLRT_HOME/workspaces/<owner pid>-<rollout id>`` and are always removed: on exit of the context
-manager, and on the next start for copies whose owner process is gone.
+live under ``$AITLRT_SCRATCH/workspaces/<owner pid>-<rollout id>`` (``AITLRT_SCRATCH`` defaults to ``AITLRT_HOME``)
+and are always removed: on exit of the context manager, and on the next start for copies whose owner process is
+gone.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from aitlrt.paths import aitlrt_home
+from aitlrt.paths import aitlrt_home, scratch_dir
 
 GIT_ENV = {
     "GIT_CONFIG_NOSYSTEM": "1",
@@ -50,7 +51,7 @@ def git(
 
 
 def workspaces_root() -> Path:
-    return aitlrt_home() / "workspaces"
+    return scratch_dir() / "workspaces"
 
 
 def cache_local_repo(path: Path) -> Path:

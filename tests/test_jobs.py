@@ -112,6 +112,7 @@ def test_single_node_four_gpus(tmp_path: Path, config: Path):
     )
     for name in caches.split():
         assert env[name].startswith(project + "/"), name
+    assert env["AITLRT_SCRATCH"].endswith("/aitlrt-123") and not env["AITLRT_SCRATCH"].startswith(project)  # local
     assert ["bash", f"{ROOT}/jobs/setup.sh"] in cmds
     serve = only(cmds, "/aitlrt-serve")
     assert serve == words(

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aitlrt.agents.base import AgentExit, AgentTask, ModelEndpoint, kill_group, run_process_group, tail
-from aitlrt.paths import aitlrt_home
+from aitlrt.paths import aitlrt_home, scratch_dir
 from aitlrt.workspace import Workspace
 
 AIDER_VERSION = "0.86.2"
@@ -233,7 +233,7 @@ class WarmAiderAgent(AiderAgent):
             worker.ready = True
 
     def _spawn(self) -> _Worker:
-        worker = _Worker(self.venv, aitlrt_home() / "aider-workers" / f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        worker = _Worker(self.venv, scratch_dir() / "aider-workers" / f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
         with self._lock:
             self._all.append(worker)
         return worker
