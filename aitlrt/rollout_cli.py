@@ -38,10 +38,11 @@ def prepared_tasks(args) -> list[tuple[Task, Path, str]]:
 
 
 def print_table(outcomes: list[RolloutOutcome]) -> None:
-    print(f"\n{'rollout':<28} {'task':<24} {'status':<11} {'calls':>5} {'tokens':>6} {'agent s':>7}  reason")
-    for o in outcomes:
+    rid = max([len("rollout"), *(len(o.rollout_id) for o in outcomes)])
+    print(f"\n{'rollout':<{rid}} {'status':<11} {'calls':>5} {'tokens':>6} {'agent s':>7}  reason")
+    for o in outcomes:  # a rollout id starts with its task id
         print(
-            f"{o.rollout_id:<28} {o.task_id[:24]:<24} {o.status:<11} {o.calls:>5} {o.completion_tokens:>6} "
+            f"{o.rollout_id:<{rid}} {o.status:<11} {o.calls:>5} {o.completion_tokens:>6} "
             f"{o.timings.get('agent_s', 0):>7.1f}  {o.reason[:80]}"
         )
     by_status: dict[str, int] = {}

@@ -22,6 +22,7 @@ import statistics
 import tempfile
 import time
 from collections import defaultdict
+from dataclasses import fields
 from pathlib import Path
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -32,6 +33,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
 from aitlrt.config import AgentGRPOConfig
+from aitlrt.rollouts import RolloutOutcome
 from aitlrt.rows import Row, build_rows
 from aitlrt.trainer import AgentGRPOTrainer
 
@@ -219,6 +221,8 @@ def main() -> None:
     for mode, r in results.items():
         times = f"{rows_s:>6.3f} {r['batch_is']:>7.3f} {r['agent']:>7.3f} {r['export']:>7.2f}"
         print(f"{mode:<5} {times} {r['export_gb']:>10.2f}")
+    if GPU:
+        replay_report()
     split = {} if GPU else full_step_split()
     if split:
         print("\none full step of the CPU demo (2 rollouts, real Aider, vLLM CPU):")
@@ -228,6 +232,83 @@ def main() -> None:
         ratio = r["plain"] / r["agent"]
         verdict = "PASS" if ratio >= RATIO_GOAL else "MISS"
         print(f"TARGET update_throughput_ratio_{mode} {ratio:.3f} {RATIO_GOAL} {verdict}")
+
+
+class ReplayTrainer(AgentGRPOTrainer):
+    """``AgentGRPOTrainer`` whose rollouts are the recorded ones (no vLLM, no Aider): the rest of each step (rewards,
+    advantages, rows, IS forward, update) is the real trainer's."""
+
+    def _connect(self) -> None:
+        self._served_model, self.weight_version = "replay", 0
+
+    def _rollouts(self, inputs):
+        names = {f.name for f in fields(RolloutOutcome)}
+        recorded = [
+            RolloutOutcome(**{k: v for k, v in json.loads(line).items() if k in names}) for line in TRACES.open()
+        ]
+        start = self.state.global_step * len(inputs)
+        return [recorded[(start + i) % len(recorded)] for i in range(len(inputs))]
+
+
+def replay_steps(lora: bool, steps: int = 3) -> dict[str, float]:
+    """``trainer.train()`` for ``steps`` GRPO steps on replayed rollouts; the trainer's own time split (medians over
+    the steps after the first) and whether the weights moved."""
+    model, tok, _ = model_and_tokenizer()
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(
+            model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM")
+        )
+    before = {n: p.detach().float().clone() for n, p in model.named_parameters() if p.requires_grad}
+    tasks = [{"prompt": f"t{i}", "instance_id": f"t{i}", "problem_statement": f"t{i}"} for i in range(64)]
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = ReplayTrainer(
+            model=model,
+            reward_funcs=[
+                lambda prompts, completions, **kw: [min(1.0, t / 256) for t in kw["rollout_completion_tokens"]]
+            ],
+            args=AgentGRPOConfig(
+                output_dir=tmp,
+                proxy_url="http://replay",
+                weight_sync="none",
+                per_device_train_batch_size=ROWS,
+                num_generations=4,
+                max_steps=steps,
+                learning_rate=1e-4 if lora else 1e-5,
+                bf16=GPU,
+                gradient_checkpointing=GPU,
+                max_row_tokens=MAX_ROW,
+                logging_steps=1,
+                save_strategy="no",
+                report_to=[],
+                disable_tqdm=True,
+            ),
+            train_dataset=Dataset.from_list(tasks),
+            processing_class=tok,
+            agent=object(),
+        )
+        trainer.train()
+    logs = [entry for entry in trainer.state.log_history if "time/update_s" in entry][1:]
+    moved = max(
+        (p.detach().float() - before[n].to(p.device)).abs().max().item()
+        for n, p in model.named_parameters()
+        if n in before
+    )
+    keys = ("time/rewards_s", "time/rows_s", "time/update_s", "step_time")
+    return {k.removeprefix("time/"): statistics.median(e[k] for e in logs) for k in keys} | {"moved": moved}
+
+
+def replay_report() -> None:
+    """The GPU's GRPO steps table (full and LoRA)."""
+    print(f"\n{ROWS} rollouts per step replayed from {TRACES.name}, trainer.train(), medians of steps 2-3 (s):")
+    print(f"{'mode':<5} {'rewards':>8} {'rows+IS':>8} {'update':>7} {'step':>6} {'max |dW|':>9}")
+    for mode in ("full", "lora"):
+        r = replay_steps(mode == "lora")
+        times = f"{r['rewards_s']:>8.3f} {r['rows_s']:>8.3f} {r['update_s']:>7.3f} {r['step_time']:>6.2f}"
+        print(f"{mode:<5} {times} {r['moved']:>9.2e}")
+        if GPU:
+            torch.cuda.empty_cache()
 
 
 def full_step_split() -> dict[str, float]:
