@@ -9,7 +9,8 @@ repeated to fill the batch.
   (vLLM CPU + aitlrt-serve + Aider) for the time split (about 5 minutes).
 - GPU: a randomly initialised Qwen2.5-Coder-1.5B-shaped model in bf16 (no Hub, no vLLM needed), 16 rows, full
   fine-tuning and LoRA (r 16, all linear layers), gradient checkpointing; the split of the trainer's side of a
-  step: rows, the importance-sampling forward, the update, and the weight export for the sync (merged LoRA).
+  step: rows, the importance-sampling forward, the update, and the weight export for the sync (merged LoRA); then
+  three whole GRPO steps per mode through ``trainer.train()`` with the recorded rollouts replayed.
 
 Run: ``python bench/train_step.py`` (no arguments).
 """
