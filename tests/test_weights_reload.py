@@ -60,5 +60,5 @@ def test_reload_of_a_path_without_weights_fails_clearly_and_keeps_the_version(se
         assert resp.status_code == 400
         assert "no *.safetensors" in resp.json()["error"]["message"]
     state = httpx.get(f"{served.url}/weights").json()
-    assert state == {"weight_version": v0, "paused": False, "inflight": 0}
+    assert state == {"weight_version": v0, "paused": False, "inflight": 0, "upstream": served.vllm_url}
     assert chat(served.url, "after-failed-reload", "Hi", max_tokens=2).status_code == 200
