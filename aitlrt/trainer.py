@@ -20,6 +20,7 @@ import statistics
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +38,24 @@ from aitlrt.rows import Row, RowStats, build_rows
 from aitlrt.tasks.task import task_from_row
 
 
-def merged_state_dict(peft_model, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
-    """A PEFT model's weights with its active LoRA adapters added in, under the base model's names (what vLLM
-    loads), copied to ``device``. Computed out of place (``W + get_delta_weight``) one layer at a time where the
-    layer lives (the GPU: no full extra copy there, and the add is not left to the CPU): unlike merge/unmerge, the
-    model's own weights are never touched, so repeated syncs cannot accumulate rounding drift into a bf16 base.
-    Tied weights stay tied."""
+def _once(items: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each storage once, under its first name: a tied ``lm_head`` is left out (as ``save_pretrained`` does and
+    vLLM expects), so it is neither copied nor sent twice."""
+    seen: set[int] = set()
+    for name, tensor in items:
+        if tensor.data_ptr() not in seen:
+            seen.add(tensor.data_ptr())
+            yield name, tensor
+
+
+def lora_weights(peft_model, merge: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+    """The weights vLLM loads for a PEFT model, one at a time, under the base model's names, each storage once.
+
+    With ``merge``, the active LoRA adapters are added in out of place (``W + get_delta_weight``) where the layer
+    lives, one layer at a time: no full copy of the model is made, and unlike merge/unmerge the model's own weights
+    are never touched, so repeated syncs cannot accumulate rounding drift into a bf16 base. Without ``merge``: the
+    base weights (the same names, shapes and dtypes). Unmerged tensors are the model's own: copy what you keep.
+    """
     from peft.tuners.lora import LoraLayer
 
     def base_name(name: str) -> str:
@@ -53,32 +66,14 @@ def merged_state_dict(peft_model, device: torch.device | str = "cpu") -> dict[st
         for name, module in peft_model.named_modules()
         if isinstance(module, LoraLayer) and not module.merged
     }
-    copies: dict[int, torch.Tensor] = {}  # by storage
-    state = {}
-    with torch.no_grad():
-        for key, value in peft_model.state_dict().items():
-            if "lora_" in key or "modules_to_save" in key:
-                continue
-            if value.data_ptr() not in copies:
-                tensor, layer = value.detach(), layers.get(base_name(key))
-                adapters = [a for a in (layer.active_adapters if layer else ()) if a in layer.lora_A]
-                for adapter in adapters:
+    kept = ((k, v) for k, v in peft_model.state_dict().items() if "lora_" not in k and "modules_to_save" not in k)
+    for key, value in _once(kept):
+        name, tensor, layer = base_name(key), value.detach(), layers.get(base_name(key))
+        if merge and layer is not None:
+            for adapter in (a for a in layer.active_adapters if a in layer.lora_A):
+                with torch.no_grad():
                     tensor = tensor + layer.get_delta_weight(adapter).to(tensor.dtype)
-                copies[value.data_ptr()] = tensor.to(device, copy=not adapters)  # never the model's own tensor
-            state[base_name(key)] = copies[value.data_ptr()]
-    return state
-
-
-def distinct_tensors(state: dict[str, torch.Tensor], device: torch.device | str) -> dict[str, torch.Tensor]:
-    """``state`` on ``device``, each storage once under its first name: ``lm_head`` tied to the embeddings is left
-    out (as ``save_pretrained`` does and vLLM expects) and is neither copied nor sent twice."""
-    seen: set[int] = set()
-    out = {}
-    for name, tensor in state.items():
-        if tensor.data_ptr() not in seen:
-            seen.add(tensor.data_ptr())
-            out[name] = tensor.detach().to(device).contiguous()
-    return out
+        yield name, tensor
 
 
 class WeightVersionError(RuntimeError):
@@ -107,30 +102,32 @@ class AgentGRPOTrainer(GRPOTrainer):
 
     def sync_weights(self) -> float:
         """Push the current policy to the server (every rank calls; the main process sends) and learn the new weight
-        version. LoRA runs send the merged weights (``merged_state_dict``)."""
+        version. LoRA runs send the merged weights (``lora_weights``)."""
         started = time.monotonic()
-        if self.args.weight_sync == "reload":
-            folder = Path(self.args.weight_sync_dir or Path(self.args.output_dir) / "sync")
-            state = self._policy_state_dict()
-            if self.accelerator.is_main_process:
-                from safetensors.torch import save_file
+        main, zero3 = self.accelerator.is_main_process, self._zero3()
+        if self.args.weight_sync == "reload" and main:
+            from safetensors.torch import save_file
 
-                folder.mkdir(parents=True, exist_ok=True)
-                save_file(state, str(folder / "model.safetensors"))
-                self.weight_version = self._proxy("POST", "/weights/reload", json={"path": str(folder)}).json()[
-                    "weight_version"
-                ]
-        elif self.args.weight_sync == "nccl":
-            state = self._policy_state_dict(self.accelerator.device)
-            if self.accelerator.is_main_process:
-                self.weight_version = self._nccl_send(state)
+            folder = Path(self.args.weight_sync_dir or Path(self.args.output_dir) / "sync")
+            folder.mkdir(parents=True, exist_ok=True)
+            save_file(self.host_state_dict(), str(folder / "model.safetensors"))
+            self.weight_version = self._proxy("POST", "/weights/reload", json={"path": str(folder)}).json()[
+                "weight_version"
+            ]
+        elif self.args.weight_sync == "nccl" and main:
+            meta = [(n, str(t.dtype).removeprefix("torch."), list(t.shape)) for n, t in self._policy_weights(False)]
+            self.weight_version = self._nccl_send(meta, self._policy_weights())
+        elif self.args.weight_sync != "none" and zero3:  # the main process's gathers are collectives: join them
+            for _ in range(1 + (self.args.weight_sync == "nccl")):
+                for _ in self._policy_weights():
+                    pass
         if self.args.weight_sync != "none":
             self.weight_version = gather_object([self.weight_version])[0]
         self._synced_step = self.state.global_step
         return time.monotonic() - started
 
-    def _nccl_send(self, state: dict[str, torch.Tensor]) -> int:
-        """Stream ``state`` to vLLM with trl's client while the proxy holds new calls; returns the new version."""
+    def _nccl_send(self, meta: list[tuple[str, str, list[int]]], weights: Iterator[tuple[str, torch.Tensor]]) -> int:
+        """Stream ``weights`` to vLLM with trl's client while the proxy holds new calls; returns the new version."""
         if self._vllm_client is None:
             from trl.generation.vllm_client import VLLMClient
 
@@ -139,28 +136,36 @@ class AgentGRPOTrainer(GRPOTrainer):
             self._vllm_client.init_communicator(device=self.accelerator.device)
         version = self._proxy("POST", "/weights/pause").json()["weight_version"]
         try:
-            meta = [(name, str(t.dtype).removeprefix("torch."), list(t.shape)) for name, t in state.items()]
-            self._vllm_client.update_named_params(meta, iter(state.items()))
+            self._vllm_client.update_named_params(meta, ((n, t.contiguous()) for n, t in weights))
             self._vllm_client.reset_prefix_cache()
         except BaseException:
             self._proxy("POST", "/weights/resume", json={})  # the old weights may be half-replaced: say so loudly
             raise
         return self._proxy("POST", "/weights/resume", json={"version": version + 1}).json()["weight_version"]
 
-    def _policy_state_dict(self, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
-        """The weights vLLM serves (merged for LoRA), tied tensors once. Under ZeRO-3 every rank must call: the
-        engine gathers the 16-bit weights (``zero3_save_16bit_model``) and LoRA layers are gathered to merge."""
+    def _zero3(self) -> bool:
+        return self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3
+
+    def _policy_weights(self, merge: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, tensor) of the weights vLLM serves, each storage once, lazily where they live (``lora_weights``
+        for LoRA). The model's own tensors: copy what you keep. Under ZeRO-3 every rank must iterate: the engine
+        gathers the 16-bit weights (``zero3_save_16bit_model``) and LoRA layers are gathered to merge."""
         model = self.accelerator.unwrap_model(self.model)
-        zero3 = self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3
         if hasattr(model, "merge_adapter"):
-            if zero3:
+            if self._zero3():
                 import deepspeed
 
                 with deepspeed.zero.GatheredParameters(list(model.parameters())):
-                    return distinct_tensors(merged_state_dict(model, device), device)
-            return distinct_tensors(merged_state_dict(model, device), device)
+                    yield from lora_weights(model, merge)
+            else:
+                yield from lora_weights(model, merge)
+            return
         engine = self.model_wrapped if self.is_deepspeed_enabled else self.model  # accelerate needs the engine
-        return distinct_tensors(self.accelerator.get_state_dict(engine), device)
+        yield from _once(self.accelerator.get_state_dict(engine).items())
+
+    def host_state_dict(self) -> dict[str, torch.Tensor]:
+        """What the reload sync saves: the served weights in host memory (main process; ZeRO-3: every rank calls)."""
+        return {name: tensor.to("cpu").contiguous() for name, tensor in self._policy_weights()}
 
     # ---- one generation step ---------------------------------------------------------------------------------
     def _checkout(self, row: dict[str, Any]) -> tuple[Path, str]:

@@ -176,7 +176,7 @@ def compare(model, tok, rows: list[Row], tmp: str) -> dict[str, float]:
         if not k % 2:
             t_plain.append(step_plain(plain_batch))
     started = time.perf_counter()
-    state = agent._policy_state_dict()  # what the reload sync writes (merged weights for LoRA)
+    state = agent.host_state_dict()  # what the reload sync writes (merged weights for LoRA)
     from safetensors.torch import save_file
 
     save_file(state, f"{tmp}/model.safetensors")

@@ -6,10 +6,10 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
-from aitlrt.trainer import merged_state_dict
+from aitlrt.trainer import lora_weights
 
 
-def test_merged_state_dict_matches_the_base_names_and_the_merged_values(model_dir):
+def test_lora_weights_match_the_base_names_and_the_merged_values(model_dir):
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     names = set(base.state_dict())
     original = {k: v.clone() for k, v in base.state_dict().items()}
@@ -21,8 +21,11 @@ def test_merged_state_dict_matches_the_base_names_and_the_merged_values(model_di
         probe = torch.tensor([[1, 2, 3, 4, 5]])
         with_adapter = model(probe).logits
 
-    merged = merged_state_dict(model)
-    assert set(merged) == names
+    merged = {name: tensor.clone() for name, tensor in lora_weights(model)}
+    assert set(merged) == names - {"lm_head.weight"}  # tied to the embeddings: sent once
+    unmerged = dict(lora_weights(model, merge=False))
+    assert list(unmerged) == list(merged)
+    assert all(unmerged[k].shape == merged[k].shape and unmerged[k].dtype == merged[k].dtype for k in merged)
     q = "model.layers.0.self_attn.q_proj.weight"
     layer = model.base_model.model.model.layers[0].self_attn.q_proj
     delta = (layer.lora_B["default"].weight @ layer.lora_A["default"].weight) * layer.scaling["default"]

@@ -68,8 +68,9 @@ def test_nccl_sync_holds_calls_while_streaming_and_bumps_the_version(trainer):
     before = httpx.get(f"{url}/weights").json()["weight_version"]
     trainer._vllm_client = client = RecordingClient(url)
 
-    state = trainer._policy_state_dict()
-    assert trainer._nccl_send(state) == before + 1
+    trainer.args.weight_sync = "nccl"  # the config refuses it without CUDA; the client above needs none
+    trainer.sync_weights()
+    assert trainer.weight_version == before + 1
 
     assert client.paused_during is True and client.prefix_cache_reset
     names = [name for name, _, _ in client.metadata]
@@ -84,8 +85,9 @@ def test_a_failed_nccl_transfer_reopens_the_proxy_on_the_old_version_and_raises(
     trainer, url, _ = trainer
     before = httpx.get(f"{url}/weights").json()["weight_version"]
     trainer._vllm_client = RecordingClient(url, fail=True)
+    trainer.args.weight_sync = "nccl"
     with pytest.raises(RuntimeError, match="NCCL timeout"):
-        trainer._nccl_send(trainer._policy_state_dict())
+        trainer.sync_weights()
     after = httpx.get(f"{url}/weights").json()
     assert after == {**after, "weight_version": before, "paused": False}
 
