@@ -5,7 +5,7 @@ Rows are built by ``aitlrt.rows.build_rows`` from real traces (``bench/data/aide
 rollouts through aitlrt-serve and vLLM CPU with the bundled SmolLM2, as ``aitlrt rollout --out`` writes them),
 repeated to fill the batch.
 
-- CPU (no GPU): the bundled SmolLM2-135M in fp32, 4 rows cut to 512 tokens; then one real step of the CPU demo
+- CPU (no GPU): the bundled SmolLM2-135M in fp32, 2 rows (up to 1,200 tokens); then one real step of the CPU demo
   (vLLM CPU + aitlrt-serve + Aider) for the time split (about 5 minutes).
 - GPU: a randomly initialised Qwen2.5-Coder-1.5B-shaped model in bf16 (no Hub, no vLLM needed), 16 rows, full
   fine-tuning and LoRA (r 16, all linear layers), gradient checkpointing; the split of the trainer's side of a
@@ -39,7 +39,7 @@ from aitlrt.rows import Row, build_rows
 from aitlrt.trainer import AgentGRPOTrainer
 
 GPU = torch.cuda.is_available()
-ROWS, MAX_ROW, ROUNDS = (16, 4096, 6) if GPU else (4, 512, 4)
+ROWS, MAX_ROW, ROUNDS = (16, 4096, 6) if GPU else (2, 1200, 2)
 RATIO_GOAL = 0.95
 TRACES = Path(__file__).with_name("data") / "aider_traces.jsonl"
 
@@ -103,7 +103,7 @@ def trace_rows() -> tuple[list[Row], float]:
     rows = [row for trace in calls.values() for row in build_rows(trace, MAX_ROW)[0]]
     built_s = time.perf_counter() - started
     if not rows:
-        raise SystemExit(f"{TRACES}: no usable calls")
+        raise SystemExit(f"{TRACES}: no usable call fits in {MAX_ROW} tokens")
     return [rows[i % len(rows)] for i in range(ROWS)], built_s
 
 
