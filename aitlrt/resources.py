@@ -40,7 +40,6 @@ def agent_slots(cores: int | None = None, memory_gib: float | None = None) -> in
     return max(1, min(cores - min(RESERVED_CORES, cores // 4), int(memory_gib / AGENT_GIB)))
 
 
-def rollout_concurrency(local_ranks: int | None = None) -> int:
+def rollout_concurrency() -> int:
     """Agents at once for each training rank on this node (``LOCAL_WORLD_SIZE`` ranks, set by torchrun/accelerate)."""
-    ranks = local_ranks or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    return max(1, agent_slots() // ranks)
+    return max(1, agent_slots() // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))

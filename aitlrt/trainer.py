@@ -136,7 +136,8 @@ class AgentGRPOTrainer(GRPOTrainer):
             self._vllm_client.init_communicator(device=self.accelerator.device)
         version = self._proxy("POST", "/weights/pause").json()["weight_version"]
         try:
-            self._vllm_client.update_named_params(meta, ((n, t.contiguous()) for n, t in weights))
+            device = self.accelerator.device  # ZeRO-3 consolidates on the host; NCCL sends from the GPU
+            self._vllm_client.update_named_params(meta, ((n, t.to(device).contiguous()) for n, t in weights))
             self._vllm_client.reset_prefix_cache()
         except BaseException:
             self._proxy("POST", "/weights/resume", json={})  # the old weights may be half-replaced: say so loudly

@@ -22,8 +22,8 @@ import os
 import statistics
 import tempfile
 import time
-from collections import defaultdict
 from dataclasses import fields
+from functools import cache
 from pathlib import Path
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -92,15 +92,18 @@ def model_and_tokenizer():
     )
 
 
+@cache
+def recorded_outcomes() -> list[RolloutOutcome]:
+    """The recorded rollouts of ``TRACES`` (``aitlrt rollout --out`` lines), with their traces."""
+    names = {f.name for f in fields(RolloutOutcome)}
+    return [RolloutOutcome(**{k: v for k, v in json.loads(line).items() if k in names}) for line in TRACES.open()]
+
+
 def trace_rows() -> tuple[list[Row], float]:
     """Rows of the recorded rollouts (``build_rows``, cut to ``MAX_ROW``), repeated to ``ROWS``; and the seconds
     ``build_rows`` took for all of them."""
-    calls: dict[str, list[dict]] = defaultdict(list)
-    for line in TRACES.open():
-        rollout = json.loads(line)
-        calls[rollout["rollout_id"]] += rollout["trace"]
     started = time.perf_counter()
-    rows = [row for trace in calls.values() for row in build_rows(trace, MAX_ROW)[0]]
+    rows = [row for outcome in recorded_outcomes() for row in build_rows(outcome.trace, MAX_ROW)[0]]
     built_s = time.perf_counter() - started
     if not rows:
         raise SystemExit(f"{TRACES}: no usable call fits in {MAX_ROW} tokens")
@@ -243,10 +246,7 @@ class ReplayTrainer(AgentGRPOTrainer):
         self._served_model, self.weight_version = "replay", 0
 
     def _rollouts(self, inputs):
-        names = {f.name for f in fields(RolloutOutcome)}
-        recorded = [
-            RolloutOutcome(**{k: v for k, v in json.loads(line).items() if k in names}) for line in TRACES.open()
-        ]
+        recorded = recorded_outcomes()
         start = self.state.global_step * len(inputs)
         return [recorded[(start + i) % len(recorded)] for i in range(len(inputs))]
 
