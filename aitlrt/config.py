@@ -28,6 +28,10 @@ class AgentGRPOConfig(GRPOConfig):
         default=None,
         metadata={"help": "agents at once per rank (default: min(cores - 2, memory GiB) of the node / its ranks)"},
     )
+    recycle_workspaces: bool = field(
+        default=True,
+        metadata={"help": "reuse a finished rollout's repository copy, reset and checked pristine, for the next one"},
+    )
     context_window: int = field(default=8192, metadata={"help": "context window told to the agent"})
     max_row_tokens: int = field(default=8192, metadata={"help": "tokens per training row; longer rows are cut"})
     include_non_policy_calls: bool = field(

@@ -83,6 +83,7 @@ def run(args) -> tuple[list[RolloutOutcome], dict[str, list[float]], list[Task]]
         timeout_s=args.timeout,
         max_calls=args.max_calls,
         context_window=args.context_window,
+        recycle_workspaces=not args.fresh_workspaces,
     )
     last = [0.0]
     lock = threading.Lock()
@@ -102,6 +103,7 @@ def run(args) -> tuple[list[RolloutOutcome], dict[str, list[float]], list[Task]]
     try:
         outcomes = runner.run(requests, on_progress=show)
     finally:
+        runner.close()
         if hasattr(runner.agent, "close"):
             runner.agent.close()
     print_table(outcomes)
@@ -146,6 +148,11 @@ def add_rollout_arguments(p) -> None:
     p.add_argument("--concurrency", type=int, default=None, help="agents at once (default: from cores and memory)")
     p.add_argument("--timeout", type=float, default=600.0, help="wall-clock seconds per rollout")
     p.add_argument("--max-calls", type=int, default=None, help="model calls per rollout (enforced by the proxy)")
+    p.add_argument(
+        "--fresh-workspaces",
+        action="store_true",
+        help="a fresh repository copy per rollout (default: recycle finished copies, reset and checked pristine)",
+    )
     p.add_argument("--context-window", type=int, default=8192)
 
 

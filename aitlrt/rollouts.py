@@ -13,7 +13,7 @@ from typing import Any, Literal
 import httpx
 
 from aitlrt.agents.base import Agent, AgentExit, AgentTask, ModelEndpoint
-from aitlrt.workspace import patch_of, reclaim_stale, workspace
+from aitlrt.workspace import WorkspacePool, patch_of, reclaim_stale
 
 Status = Literal["ok", "no_patch", "timeout", "call_limit", "agent_error", "crashed"]
 
@@ -95,7 +95,11 @@ class Progress:
 
 
 class RolloutRunner:
-    """Runs rollouts ``concurrency`` at a time against ``aitlrt-serve`` at ``proxy_url``."""
+    """Runs rollouts ``concurrency`` at a time against ``aitlrt-serve`` at ``proxy_url``.
+
+    Workspaces are recycled between rollouts (``WorkspacePool``, up to ``concurrency`` idle copies) unless
+    ``recycle_workspaces`` is False; ``close()`` removes them (a crashed owner's are reclaimed on the next start).
+    """
 
     def __init__(
         self,
@@ -109,6 +113,7 @@ class RolloutRunner:
         context_window: int = 8192,
         api_key: str | None = None,
         workspaces: Path | None = None,
+        recycle_workspaces: bool = True,
     ) -> None:
         self.agent = agent
         self.proxy_url = proxy_url.rstrip("/")
@@ -119,22 +124,38 @@ class RolloutRunner:
         self.context_window = context_window
         self.api_key = api_key
         self.workspaces = workspaces
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.pool = WorkspacePool(workspaces, max_idle=max(1, concurrency) if recycle_workspaces else 0)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(base_url=self.proxy_url, headers=headers, timeout=60)
         self._lock = threading.Lock()
+        self._reclaimed = False
 
     def run(
         self, requests: Sequence[RolloutRequest], on_progress: Callable[[Progress], None] | None = None
     ) -> list[RolloutOutcome]:
         """All rollouts, in the order asked; one failing never stops the others."""
-        reclaim_stale(self.workspaces)
+        if not self._reclaimed:
+            reclaim_stale(self.workspaces)
+            self._reclaimed = True
         progress = Progress(len(requests))
         queued = time.monotonic()
         with ThreadPoolExecutor(max(1, self.concurrency), thread_name_prefix="rollout") as pool:
             futures = [pool.submit(self._one, r, queued, progress, on_progress) for r in requests]
             return [f.result() for f in futures]
 
+    def close(self) -> None:
+        """Remove the idle workspaces and close the connection to the proxy."""
+        self.pool.close()
+        self._http.close()
+
+    def __enter__(self) -> RolloutRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def _proxy(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        return httpx.request(method, f"{self.proxy_url}{path}", headers=self._headers, timeout=60, **kw)
+        return self._http.request(method, path, **kw)
 
     def _one(
         self, req: RolloutRequest, queued: float, progress: Progress, on_progress: Callable[[Progress], None] | None
@@ -144,15 +165,15 @@ class RolloutRunner:
         self._update(progress, on_progress, running=1)
         exit, patch, error = None, "", None
         try:
-            self._proxy("DELETE", f"/rollouts/{req.rollout_id}")
-            self._proxy("PUT", f"/rollouts/{req.rollout_id}/limits", json={"max_calls": self.max_calls})
+            # Opens the rollout on the proxy: forgets earlier calls under this id, sets the call limit.
+            self._proxy("PUT", f"/rollouts/{req.rollout_id}", json={"max_calls": self.max_calls}).raise_for_status()
             endpoint = ModelEndpoint(
                 f"{self.proxy_url}/rollouts/{req.rollout_id}/v1",
                 self.model,
                 api_key=self.api_key or "aitlrt",
                 context_window=self.context_window,
             )
-            with workspace(req.repo, req.base_commit, req.rollout_id, self.workspaces) as ws:
+            with self.pool.workspace(req.repo, req.base_commit) as ws:
                 t1 = time.monotonic()
                 timings["workspace_s"] = t1 - t0
                 exit = self.agent.run(req.task, ws, endpoint, self.timeout_s)

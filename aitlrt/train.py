@@ -147,7 +147,10 @@ def run(script, config, model_args, peft_config=None):
         )
         use_step_table(trainer)
         started = time.monotonic()
-        trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
+        try:
+            trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
+        finally:
+            trainer.close()
         trainer.save_model(config.output_dir)
         if state.is_main_process:
             print(
@@ -155,8 +158,6 @@ def run(script, config, model_args, peft_config=None):
                 f"rollouts: {Path(config.output_dir) / 'rollouts'}",
                 flush=True,
             )
-        if hasattr(trainer.agent, "close"):
-            trainer.agent.close()
         return trainer
     finally:
         if serve is not None:

@@ -93,6 +93,7 @@ class AgentGRPOTrainer(GRPOTrainer):
         self.weight_version = -1
         self._synced_step = self.state.global_step  # the server starts with the initial weights
         self._checkouts: dict[str, tuple[Path, str]] = {}
+        self._runner: RolloutRunner | None = None  # one for the whole run: it keeps the recycled workspaces
         self._generation_s = 0.0
         self._vllm_client = None  # trl's VLLMClient, with weight_sync=nccl (main process, first sync)
 
@@ -175,22 +176,32 @@ class AgentGRPOTrainer(GRPOTrainer):
         return self._checkouts[row["instance_id"]]
 
     def _rollouts(self, inputs: list[dict[str, Any]]) -> list[RolloutOutcome]:
-        runner = RolloutRunner(
-            self.agent,
-            self.proxy_url,
-            self._served_model,
-            concurrency=self.args.rollout_concurrency,
-            timeout_s=self.args.rollout_timeout_s,
-            max_calls=self.args.rollout_max_calls,
-            context_window=self.args.context_window,
-        )
+        if self._runner is None:
+            self._runner = RolloutRunner(
+                self.agent,
+                self.proxy_url,
+                self._served_model,
+                concurrency=self.args.rollout_concurrency,
+                timeout_s=self.args.rollout_timeout_s,
+                max_calls=self.args.rollout_max_calls,
+                context_window=self.args.context_window,
+                recycle_workspaces=self.args.recycle_workspaces,
+            )
         tag = f"s{self.state.global_step:05d}-r{self.accelerator.process_index}-{uuid.uuid4().hex[:6]}"
         requests = []
         for i, row in enumerate(inputs):
             repo, base = self._checkout(row)
             task = AgentTask(row["instance_id"], row["problem_statement"], tuple(row.get("files") or ()))
             requests.append(RolloutRequest(f"{tag}-{i:03d}", task, repo, base))
-        return runner.run(requests)
+        return self._runner.run(requests)
+
+    def close(self) -> None:
+        """Stop the agents and remove the idle workspaces (call when training is over)."""
+        if self._runner is not None:
+            self._runner.close()
+            self._runner = None
+        if hasattr(self.agent, "close"):
+            self.agent.close()
 
     def _connect(self) -> None:
         if self._served_model is None:

@@ -368,19 +368,30 @@ def create_app(settings: ServeSettings) -> FastAPI:
             raise ProxyError(404, f"no calls recorded for rollout {rollout_id!r}", code="rollout_not_found")
         return {"deleted": rollout_id}
 
+    async def set_limit(rollout_id: str, request: Request) -> int | None:
+        max_calls = (await _json_object(request)).get("max_calls")
+        if max_calls is not None and not (isinstance(max_calls, int) and max_calls >= 0):
+            raise ProxyError(400, "'max_calls' must be a non-negative integer or null", param="max_calls")
+        if max_calls is None:
+            proxy.call_limits.pop(rollout_id, None)
+        else:
+            proxy.call_limits[rollout_id] = max_calls
+        return max_calls
+
+    @app.put("/rollouts/{rollout_id}")
+    async def open_rollout(rollout_id: str, request: Request) -> dict[str, Any]:
+        """Start a rollout afresh in one round trip: forget its earlier calls, set ``{"max_calls": N|null}``."""
+        check_key(request)
+        check_id(rollout_id)
+        max_calls = await set_limit(rollout_id, request)
+        return {"rollout_id": rollout_id, "max_calls": max_calls, "deleted": proxy.store.delete(rollout_id)}
+
     @app.put("/rollouts/{rollout_id}/limits")
     async def limits(rollout_id: str, request: Request) -> dict[str, Any]:
         """``{"max_calls": N}``: call N+1 gets a final 400, code call_limit (``null`` lifts the limit)."""
         check_key(request)
         check_id(rollout_id)
-        max_calls = (await _json_object(request)).get("max_calls")
-        if max_calls is None:
-            proxy.call_limits.pop(rollout_id, None)
-        elif isinstance(max_calls, int) and max_calls >= 0:
-            proxy.call_limits[rollout_id] = max_calls
-        else:
-            raise ProxyError(400, "'max_calls' must be a non-negative integer or null", param="max_calls")
-        return {"rollout_id": rollout_id, "max_calls": max_calls}
+        return {"rollout_id": rollout_id, "max_calls": await set_limit(rollout_id, request)}
 
     @app.get("/health")
     async def health() -> JSONResponse:

@@ -130,3 +130,21 @@ def test_pause_holds_calls_until_resume_with_new_version(scripted_upstream, star
         assert pending.result(timeout=30).status_code == 200
     assert trace(proxy.url, "pause-1")[0]["weight_version"] == 5
     assert httpx.post(f"{proxy.url}/weights/resume", json={"version": -1}).status_code == 400
+
+
+def test_opening_a_rollout_forgets_its_calls_and_sets_its_call_limit(scripted_upstream, start_proxy):
+    proxy = start_proxy(scripted_upstream)
+    assert chat(proxy.url, "open-1", "hello").status_code == 200
+    opened = httpx.put(f"{proxy.url}/rollouts/open-1", json={"max_calls": 1})
+    assert opened.json() == {"rollout_id": "open-1", "max_calls": 1, "deleted": True}
+    assert httpx.get(f"{proxy.url}/rollouts/open-1").status_code == 404
+    assert chat(proxy.url, "open-1", "hello").status_code == 200
+    refused = chat(proxy.url, "open-1", "hello")
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "call_limit"
+    assert [c["status"] for c in trace(proxy.url, "open-1")] == [200, 400], "the refusal is recorded too"
+    reopened = httpx.put(f"{proxy.url}/rollouts/open-1", json={"max_calls": None})
+    assert reopened.json()["deleted"] is True and chat(proxy.url, "open-1", "hello").status_code == 200
+    bad = httpx.put(f"{proxy.url}/rollouts/open-1", json={"max_calls": -1})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_calls"
+    assert len(trace(proxy.url, "open-1")) == 1, "a refused request changes nothing"
+    assert httpx.put(f"{proxy.url}/rollouts/bad%20id", json={}).status_code == 400

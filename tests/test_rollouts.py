@@ -14,7 +14,7 @@ import pytest
 from aitlrt.agents.aider import AiderAgent, WarmAiderAgent, aider_venv
 from aitlrt.agents.base import AgentExit, AgentTask, ModelEndpoint, run_process_group
 from aitlrt.agents.single_call import SingleCallAgent
-from aitlrt.rollouts import RolloutRequest, RolloutRunner
+from aitlrt.rollouts import RolloutOutcome, RolloutRequest, RolloutRunner
 from aitlrt.workspace import Workspace, git
 from aitlrt_server.upstream import free_port
 
@@ -55,8 +55,10 @@ def agent_processes() -> int:
     return sum(str(aider_venv()) in line or "aitlrt.agents.single_call" in line for line in out.splitlines())
 
 
-def runner(agent, proxy_url, tmp_path, **kw) -> RolloutRunner:
-    return RolloutRunner(agent, proxy_url, kw.pop("model", "scripted"), workspaces=tmp_path / "ws", **kw)
+def rollouts(agent, proxy_url, tmp_path, requests, **kw) -> list[RolloutOutcome]:
+    """Run ``requests`` with a runner of their own, closed afterwards (its idle workspaces removed)."""
+    with RolloutRunner(agent, proxy_url, kw.pop("model", "scripted"), workspaces=tmp_path / "ws", **kw) as runner:
+        return runner.run(requests)
 
 
 WHOLE_REPLY = f"calc.py\n```python\n{FIXED}```\n\nNOTES.md\n```\nadd was wrong\n```\n"
@@ -74,8 +76,12 @@ def test_aider_applies_a_known_edit_exactly(edit_format, reply, repo, scripted_u
     marker = f"TASK-{edit_format}-edit"
     script(scripted_upstream, marker, reply)
     task = AgentTask("t1", f"{marker}: fix add() in calc.py and write NOTES.md", ("calc.py",))
-    (out,) = runner(AiderAgent(edit_format=edit_format), proxy.url, tmp_path, timeout_s=120).run(
-        [RolloutRequest(f"edit-{edit_format}", task, src, base)]
+    (out,) = rollouts(
+        AiderAgent(edit_format=edit_format),
+        proxy.url,
+        tmp_path,
+        [RolloutRequest(f"edit-{edit_format}", task, src, base)],
+        timeout_s=120,
     )
     assert out.status == "ok", (out.reason, out.log_tail)
     assert out.patch == expected_patch(tmp_path, src, base, {"calc.py": FIXED, "NOTES.md": "add was wrong\n"})
@@ -92,7 +98,7 @@ def test_16_concurrent_rollouts_do_not_cross(repo, scripted_upstream, start_prox
         script(scripted_upstream, f"MARK{i:02d}X", f"calc.py\n```python\n{FIXED}# rollout {i}\n```\n")
         task = AgentTask(f"task{i}", f"MARK{i:02d}X: fix add()", ("calc.py",))
         requests.append(RolloutRequest(f"conc-{i}", task, src, base))
-    outcomes = runner(AiderAgent(), proxy.url, tmp_path, concurrency=16, timeout_s=300).run(requests)
+    outcomes = rollouts(AiderAgent(), proxy.url, tmp_path, requests, concurrency=16, timeout_s=300)
     for i, out in enumerate(outcomes):
         assert out.status == "ok", (i, out.reason, out.log_tail[-1500:])
         assert out.rollout_id == f"conc-{i}" and f"+# rollout {i}\n" in out.patch
@@ -107,9 +113,7 @@ def test_timeout_kills_the_agent_and_says_so(repo, scripted_upstream, start_prox
     proxy = start_proxy(scripted_upstream)
     before = agent_processes()
     task = AgentTask("slow", "fault:slow:60")
-    (out,) = runner(SingleCallAgent(), proxy.url, tmp_path, timeout_s=3).run(
-        [RolloutRequest("slow-1", task, src, base)]
-    )
+    (out,) = rollouts(SingleCallAgent(), proxy.url, tmp_path, [RolloutRequest("slow-1", task, src, base)], timeout_s=3)
     assert out.status == "timeout" and "killed after 3s" in out.reason
     assert out.timings["total_s"] < 15
     assert agent_processes() == before and list((tmp_path / "ws").iterdir()) == []
@@ -119,8 +123,8 @@ def test_call_limit_is_enforced_by_the_proxy(repo, scripted_upstream, start_prox
     src, base = repo
     proxy = start_proxy(scripted_upstream)
     task = AgentTask("limited", "fix add()", ("calc.py",))
-    (out,) = runner(AiderAgent(), proxy.url, tmp_path, max_calls=0, timeout_s=120).run(
-        [RolloutRequest("limit-1", task, src, base)]
+    (out,) = rollouts(
+        AiderAgent(), proxy.url, tmp_path, [RolloutRequest("limit-1", task, src, base)], max_calls=0, timeout_s=120
     )
     assert out.status == "call_limit", (out.reason, out.log_tail)
     assert "limit of 0 model calls" in out.reason and out.calls == 0
@@ -144,12 +148,12 @@ def test_crash_and_proxy_down_are_failed_rollouts_with_reasons(repo, scripted_up
     src, base = repo
     proxy = start_proxy(scripted_upstream)
     task = AgentTask("t", "anything")
-    (crashed,) = runner(CrashingAgent(), proxy.url, tmp_path).run([RolloutRequest("crash-1", task, src, base)])
+    (crashed,) = rollouts(CrashingAgent(), proxy.url, tmp_path, [RolloutRequest("crash-1", task, src, base)])
     assert crashed.status == "crashed" and "code -9" in crashed.reason
     assert "half.txt" in crashed.patch, "what the agent did before dying is still reported"
 
     down = f"http://127.0.0.1:{free_port()}"
-    (out,) = runner(SingleCallAgent(), down, tmp_path, timeout_s=30).run([RolloutRequest("down-1", task, src, base)])
+    (out,) = rollouts(SingleCallAgent(), down, tmp_path, [RolloutRequest("down-1", task, src, base)], timeout_s=30)
     assert out.status == "agent_error" and "ConnectError" in out.reason
     assert list((tmp_path / "ws").iterdir()) == []
 
@@ -158,7 +162,7 @@ def test_no_call_answered_is_an_agent_error(repo, scripted_upstream, start_proxy
     src, base = repo
     proxy = start_proxy(scripted_upstream)
     task = AgentTask("err", "fault:error400")
-    (out,) = runner(SingleCallAgent(), proxy.url, tmp_path).run([RolloutRequest("err-1", task, src, base)])
+    (out,) = rollouts(SingleCallAgent(), proxy.url, tmp_path, [RolloutRequest("err-1", task, src, base)])
     assert out.status == "agent_error" and "scripted bad request" in out.reason
 
 
@@ -166,8 +170,13 @@ def test_real_aider_on_the_real_vllm_server(repo, served, tmp_path):
     src, base = repo
     task = AgentTask("real", "Fix the bug in add() in calc.py: it must return a + b.", ("calc.py",))
     model = served.model_dir.name
-    (out,) = runner(AiderAgent(), served.url, tmp_path, model=model, timeout_s=400).run(
-        [RolloutRequest("real-aider-1", task, src, base)]
+    (out,) = rollouts(
+        AiderAgent(),
+        served.url,
+        tmp_path,
+        [RolloutRequest("real-aider-1", task, src, base)],
+        model=model,
+        timeout_s=400,
     )
     assert out.status in ("ok", "no_patch"), (out.status, out.reason, out.log_tail[-2000:])
     policy = [c for c in out.trace if c["status"] == 200 and c["tag"] is None]
@@ -192,7 +201,7 @@ def test_warm_workers_edit_like_the_cli_are_reused_and_replaced_after_a_timeout(
             requests.append(
                 RolloutRequest(f"warm-{i}", AgentTask(f"w{i}", f"WARM{i}X: fix add()", ("calc.py",)), src, base)
             )
-        outcomes = runner(agent, proxy.url, tmp_path, concurrency=1, timeout_s=120).run(requests)
+        outcomes = rollouts(agent, proxy.url, tmp_path, requests, concurrency=1, timeout_s=120)
         for i, out in enumerate(outcomes):
             assert out.status == "ok", (out.reason, out.log_tail)
             assert out.patch == expected_patch(tmp_path / f"e{i}", src, base, {"calc.py": f"{FIXED}# warm {i}\n"})
@@ -200,10 +209,10 @@ def test_warm_workers_edit_like_the_cli_are_reused_and_replaced_after_a_timeout(
         first = agent._all[0]
 
         slow = RolloutRequest("warm-slow", AgentTask("slow", "fault:slow:60", ("calc.py",)), src, base)
-        (out,) = runner(agent, proxy.url, tmp_path, concurrency=1, timeout_s=8).run([slow])
+        (out,) = rollouts(agent, proxy.url, tmp_path, [slow], concurrency=1, timeout_s=8)
         assert out.status == "timeout" and first.proc.poll() is not None and agent._all == []
 
-        (again,) = runner(agent, proxy.url, tmp_path, concurrency=1, timeout_s=120).run([requests[0]])
+        (again,) = rollouts(agent, proxy.url, tmp_path, [requests[0]], concurrency=1, timeout_s=120)
         assert again.status == "ok" and len(agent._all) == 1 and agent._all[0] is not first
     finally:
         agent.close()

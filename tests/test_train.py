@@ -108,7 +108,7 @@ def test_two_grpo_steps_with_real_agents(served, data_dir, tokenizer, tmp_path, 
     try:
         trainer.train()
     finally:
-        trainer.agent.close()
+        trainer.close()
     assert trainer.state.global_step == 2 and len(trainer.batches) == 2
     assert (Path(config.output_dir) / "checkpoint-2" / "model.safetensors").exists()
 

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from aitlrt.workspace import cache_local_repo, git, patch_of, reclaim_stale, workspace
+from aitlrt.workspace import WorkspacePool, cache_local_repo, git, patch_of, reclaim_stale, workspace
 
 
 @pytest.fixture
@@ -71,3 +71,58 @@ def test_plain_directory_becomes_a_cached_repo(tmp_path, monkeypatch):
     cached = cache_local_repo(plain)
     assert cached != plain and git("ls-files", cwd=cached).split() == ["a.py"]
     assert cache_local_repo(plain) == cached
+
+
+def test_pool_recycles_a_used_copy_to_a_pristine_one_at_another_commit(repo, tmp_path):
+    src, base = repo
+    later = git("rev-parse", "HEAD", cwd=src).strip()
+    pool = WorkspacePool(tmp_path / "ws", max_idle=2)
+    with pool.workspace(src, base) as ws:
+        first = ws.repo
+        (ws.repo / "calc.py").write_text("edited\n")
+        (ws.repo / "new.py").write_text("x = 1\n")
+        (ws.repo / "pkg").mkdir()
+        (ws.repo / "pkg" / "deep.txt").write_text("untracked dir\n")
+        (ws.repo / ".aider.tags.cache.v4").mkdir()  # ignored through .git/info/exclude
+        (ws.scratch / "agent.log").write_text("old log\n")
+        assert "new file mode" in patch_of(ws.repo, base)  # leaves the changes staged
+    with pool.workspace(src, later) as ws:
+        assert ws.repo == first and pool.recycled == 1
+        assert (ws.repo / "calc.py").read_text().endswith("a + b\n")
+        assert sorted(p.name for p in ws.repo.iterdir()) == [".git", "calc.py"]
+        assert list(ws.scratch.iterdir()) == [], "a fresh scratch directory per rollout"
+        assert patch_of(ws.repo, later) == ""
+        (ws.repo / "calc.py").write_text("again\n")
+        assert patch_of(ws.repo, later).count("\n+again") == 1, "the exclude file still works"
+    pool.close()
+    assert list((tmp_path / "ws").iterdir()) == []
+
+
+def test_pool_discards_a_copy_that_cannot_be_made_pristine(repo, tmp_path):
+    src, base = repo
+    pool = WorkspacePool(tmp_path / "ws", max_idle=2)
+    with pool.workspace(src, base) as ws:
+        first = ws.repo
+        git("commit", "-q", "-am", "agent commit", "--allow-empty", cwd=ws.repo)
+        git("checkout", "-q", "-b", "agent-branch", cwd=ws.repo)  # HEAD on a branch, no longer detached
+        (ws.repo / ".git" / "HEAD").write_text("garbage\n")  # a broken repository
+    with pool.workspace(src, base) as ws:
+        assert ws.repo != first and not first.exists() and (pool.fresh, pool.recycled) == (2, 0)
+        assert (ws.repo / "calc.py").read_text().endswith("a - b\n")
+    pool.close()
+
+
+def test_pool_keeps_at_most_max_idle_copies_and_none_after_an_error(repo, tmp_path):
+    src, base = repo
+    root = tmp_path / "ws"
+    pool = WorkspacePool(root, max_idle=1)
+    with pool.workspace(src, base), pool.workspace(src, base):
+        assert len(list(root.iterdir())) == 2
+    assert len(list(root.iterdir())) == 1, "the least recently used copy went"
+    with pytest.raises(ZeroDivisionError), pool.workspace(src, base):
+        1 / 0  # noqa: B018
+    assert list(root.iterdir()) == [], "a copy whose rollout failed is never reused"
+    fresh = WorkspacePool(root, max_idle=0)
+    with fresh.workspace(src, base):
+        pass
+    assert list(root.iterdir()) == [] and fresh.fresh == 1
