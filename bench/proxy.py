@@ -1,7 +1,8 @@
 """Benchmark of aitlrt-serve: direct-to-vLLM vs through the proxy, side by side in one run.
 
 1. Real vLLM CPU server with the bundled model: tokens/s and p50/p99 latency at concurrency 1, 8, 32,
-   direct and through the proxy in alternating rounds (this machine is noisy; medians of the rounds).
+   direct and through the proxy in alternating rounds of one wave of requests each (40, 16 and 12 rounds), in
+   ABBA order (this machine is noisy; medians of the rounds).
 2. Null upstream (the scripted, instant vLLM-shaped server): the proxy's own cost, requests/s and the
    added p50/p99 milliseconds per call.
 
@@ -57,10 +58,12 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def compare(direct: str, proxied: str, concurrency: int, requests: int, rounds: int, body: dict) -> dict:
-    """Alternate direct and proxied rounds; medians of per-round throughput, pooled latency percentiles."""
+    """Alternate direct and proxied rounds, in ABBA order so that a drift of the machine favours neither;
+    medians of per-round throughput, pooled latency percentiles."""
     stats = {"direct": {"tps": [], "rps": [], "lat": []}, "proxy": {"tps": [], "rps": [], "lat": []}}
-    for _ in range(rounds):
-        for name, url in (("direct", direct), ("proxy", proxied)):
+    order = (("direct", direct), ("proxy", proxied))
+    for r in range(rounds):
+        for name, url in order if r % 2 == 0 else order[::-1]:
             wall, lat, tokens = asyncio.run(_round(url, concurrency, requests, body))
             stats[name]["tps"].append(tokens / wall)
             stats[name]["rps"].append(requests / wall)
@@ -81,7 +84,6 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run, not for the table)")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the `finally`s that stop the servers
-    rounds = 2 if args.quick else 3
     work = Path(mkdtemp(prefix="aitlrt-bench-proxy-"))
     messages = [{"role": "user", "content": "Write a Python function that reverses a linked list."}]
     model = prepare_bundled_model()
@@ -106,12 +108,11 @@ def main() -> None:
         vllm.wait_healthy()
         with ServeProcess(["--upstream", vllm.url, *proxy_args], port=free_port(), log_path=work / "proxy.log") as px:
             direct, proxied = f"{vllm.url}/v1/chat/completions", f"{px.url}/rollouts/bench/v1/chat/completions"
-            asyncio.run(_round(proxied, 4, 8, body))  # warm-up
-            for conc, requests in (
-                (1, 2 if args.quick else 4),
-                (8, 8),
-                (32, 32),
-            ):
+            for url in (direct, proxied):  # warm-up
+                asyncio.run(_round(url, 4, 8, body))
+            # One wave of `conc` requests per round, many rounds: short ABBA rounds cancel the machine's drift.
+            for conc, rounds in ((1, 40), (8, 16), (32, 12)):
+                rounds, requests = (2 if args.quick else rounds), conc
                 print(f"[bench] vLLM concurrency {conc}: {rounds} rounds x {requests} requests each way", flush=True)
                 rows.append(("vLLM CPU", conc, compare(direct, proxied, conc, requests, rounds, body)))
     finally:
@@ -131,6 +132,7 @@ def main() -> None:
             asyncio.run(_round(proxied, 4, 50, body))  # warm-up
             for conc, requests in ((1, 100 if args.quick else 300), (32, 320 if args.quick else 960)):
                 print(f"[bench] null upstream concurrency {conc}", flush=True)
+                rounds = 2 if args.quick else 4
                 rows.append(("null", conc, compare(direct, proxied, conc, requests, rounds, body)))
     finally:
         null.terminate()
