@@ -32,6 +32,12 @@ GIT_ENV = {
     "GIT_AUTHOR_EMAIL": "aitlrt@localhost",
     "GIT_COMMITTER_NAME": "aitlrt",
     "GIT_COMMITTER_EMAIL": "aitlrt@localhost",
+    # An agent may write into its copy's .git: none of our git calls runs its hooks or its fsmonitor command.
+    "GIT_CONFIG_COUNT": "2",
+    "GIT_CONFIG_KEY_0": "core.hooksPath",
+    "GIT_CONFIG_VALUE_0": "/dev/null",
+    "GIT_CONFIG_KEY_1": "core.fsmonitor",
+    "GIT_CONFIG_VALUE_1": "false",
 }
 # Agent droppings that must never be part of a patch.
 EXCLUDES = (".aider*", ".aitlrt*")

@@ -126,3 +126,21 @@ def test_pool_keeps_at_most_max_idle_copies_and_none_after_an_error(repo, tmp_pa
     with fresh.workspace(src, base):
         pass
     assert list(root.iterdir()) == [] and fresh.fresh == 1
+
+
+def test_our_git_calls_never_run_what_an_agent_planted_in_its_copy(repo, tmp_path):
+    src, base = repo
+    ran = tmp_path / "ran"
+    pool = WorkspacePool(tmp_path / "ws", max_idle=1)
+    with pool.workspace(src, base) as ws:
+        hook = ws.repo / ".git" / "hooks" / "post-checkout"
+        hook.parent.mkdir(exist_ok=True)
+        hook.write_text(f"#!/bin/sh\ntouch {ran}-hook\n")
+        hook.chmod(0o755)
+        subprocess.run(["git", "config", "core.fsmonitor", f"touch {ran}-fsmonitor; false"], cwd=ws.repo, check=True)
+        (ws.repo / "calc.py").write_text("edited\n")
+        assert "+edited" in patch_of(ws.repo, base)
+    with pool.workspace(src, base):
+        assert pool.recycled == 1
+    pool.close()
+    assert not list(tmp_path.glob("ran-*")), "an agent's hook or fsmonitor command ran"
