@@ -38,7 +38,9 @@ def model_seconds(outcome: RolloutOutcome) -> float:
 
 
 def overhead(runner: RolloutRunner, requests: list[RolloutRequest]) -> list[float]:
-    return [o.timings["total_s"] - model_seconds(o) for o in runner.run(requests)]
+    """Seconds of each rollout not spent waiting for the model (a new runner: fresh workspaces)."""
+    with runner:
+        return [o.timings["total_s"] - model_seconds(o) for o in runner.run(requests)]
 
 
 def _commit_with_change(repo: Path, base: str, path: str) -> str:
@@ -106,14 +108,16 @@ def main() -> None:
             rpm = {}
             warm.prestart(16, wait=True)
             # A worker's first rollout still imports what Aider loads lazily: warm all 16 once.
-            runner(warm, 16).run([RolloutRequest(f"warm16-{i}", task, src, base) for i in range(16)])
+            with runner(warm, 16) as r16:
+                r16.run([RolloutRequest(f"warm16-{i}", task, src, base) for i in range(16)])
             for conc in (1, 8, 16):
-                n = max(4, conc * 2)
+                n = max(8, conc * 4)  # enough waves that start-up and tail do not dominate
                 print(f"[bench] throughput: {n} rollouts, {conc} concurrent, 1 s per model call", flush=True)
                 reqs = [RolloutRequest(f"tp{conc}-{i}", slow_task, src, base) for i in range(n)]
-                t0 = time.monotonic()
-                outcomes = runner(warm, conc).run(reqs)
-                rpm[conc] = n / (time.monotonic() - t0) * 60
+                with runner(warm, conc) as r:
+                    t0 = time.monotonic()
+                    outcomes = r.run(reqs)
+                    rpm[conc] = n / (time.monotonic() - t0) * 60
                 bad = [o.status for o in outcomes if o.status != "ok"]
                 rows.append((f"rollouts/min at {conc} concurrent", f"{rpm[conc]:.1f}" + (f" ({bad})" if bad else "")))
             for conc in (8, 16):
