@@ -123,20 +123,16 @@ class RolloutRunner:
         self.max_calls = max_calls
         self.context_window = context_window
         self.api_key = api_key
-        self.workspaces = workspaces
+        reclaim_stale(workspaces)
         self.pool = WorkspacePool(workspaces, max_idle=max(1, concurrency) if recycle_workspaces else 0)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(base_url=self.proxy_url, headers=headers, timeout=60)
         self._lock = threading.Lock()
-        self._reclaimed = False
 
     def run(
         self, requests: Sequence[RolloutRequest], on_progress: Callable[[Progress], None] | None = None
     ) -> list[RolloutOutcome]:
         """All rollouts, in the order asked; one failing never stops the others."""
-        if not self._reclaimed:
-            reclaim_stale(self.workspaces)
-            self._reclaimed = True
         progress = Progress(len(requests))
         queued = time.monotonic()
         with ThreadPoolExecutor(max(1, self.concurrency), thread_name_prefix="rollout") as pool:

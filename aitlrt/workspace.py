@@ -5,7 +5,7 @@ The cache is a plain git repository; a rollout's copy is ``git clone --shared`` 
 every file dominates that cost, so a ``WorkspacePool`` recycles copies between rollouts: a used copy is moved to
 the next rollout's commit (``checkout --force`` rewrites only the files that differ, ``clean -ffdx`` drops the
 rest) and must then prove itself pristine, or it is deleted. Copies live under
-``$AITLRT_SCRATCH/workspaces/<owner pid>-<name>`` (``AITLRT_SCRATCH`` defaults to ``AITLRT_HOME``) and are always
+``$AITLRT_SCRATCH/workspaces/<owner pid>-pool-<uuid>`` (``AITLRT_SCRATCH`` defaults to ``AITLRT_HOME``) and are always
 removed: on exit of the context manager or the pool, and on the next start for copies whose owner is gone.
 """
 
@@ -19,7 +19,7 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,7 +116,6 @@ class Workspace:
 
 
 def _fresh_copy(repo: Path, commit: str, top: Path) -> Workspace:
-    shutil.rmtree(top, ignore_errors=True)
     top.mkdir(parents=True)
     ws = Workspace(top / "repo", top / "scratch")
     ws.scratch.mkdir()
@@ -213,16 +212,9 @@ class WorkspacePool:
             shutil.rmtree(top, ignore_errors=True)
 
 
-@contextmanager
-def workspace(repo: Path, commit: str, rollout_id: str, root: Path | None = None) -> Iterator[Workspace]:
-    """A fresh private copy of ``repo`` at ``commit`` for one rollout; removed afterwards, whatever happens."""
-    root = root or workspaces_root()
-    root.mkdir(parents=True, exist_ok=True)
-    top = root / f"{os.getpid()}-{rollout_id}"
-    try:
-        yield _fresh_copy(repo, commit, top)
-    finally:
-        shutil.rmtree(top, ignore_errors=True)
+def workspace(repo: Path, commit: str, root: Path | None = None) -> AbstractContextManager[Workspace]:
+    """A fresh private copy of ``repo`` at ``commit``; removed afterwards, whatever happens."""
+    return WorkspacePool(root, max_idle=0).workspace(repo, commit)
 
 
 def patch_of(path: Path, base: str) -> str:

@@ -123,10 +123,9 @@ def main() -> None:
             for url, arm_body in arms.values():  # warm-up
                 asyncio.run(_round(url, 4, 8, arm_body))
             # One wave of `conc` requests per round, many short rounds: a drift of the machine favours no arm.
-            for conc, rounds in ((1, 60), (8, 24), (32, 12)):
-                rounds, requests = (2 if args.quick else rounds), conc
-                print(f"[bench] vLLM concurrency {conc}: {rounds} rounds x {requests} requests per arm", flush=True)
-                rows.append(("vLLM CPU", conc, compare(arms, conc, requests, rounds)))
+            for conc, rounds in ((1, 2), (8, 2), (32, 2)) if args.quick else ((1, 60), (8, 24), (32, 12)):
+                print(f"[bench] vLLM concurrency {conc}: {rounds} rounds x {conc} requests per arm", flush=True)
+                rows.append(("vLLM CPU", conc, compare(arms, conc, conc, rounds)))
     finally:
         vllm.stop()
 
@@ -142,16 +141,11 @@ def main() -> None:
         ) as px:
             direct, proxied = f"{null_url}/v1/chat/completions", f"{px.url}/rollouts/bench/v1/chat/completions"
             asyncio.run(_round(proxied, 4, 50, body))  # warm-up
+            null_arms = {"direct": (direct, body), "proxy": (proxied, body)}
+            rounds = 2 if args.quick else 4
             for conc, requests in ((1, 100 if args.quick else 300), (32, 320 if args.quick else 960)):
                 print(f"[bench] null upstream concurrency {conc}", flush=True)
-                rounds = 2 if args.quick else 4
-                rows.append(
-                    (
-                        "null",
-                        conc,
-                        compare({"direct": (direct, body), "proxy": (proxied, body)}, conc, requests, rounds),
-                    )
-                )
+                rows.append(("null", conc, compare(null_arms, conc, requests, rounds)))
     finally:
         null.terminate()
         null.wait(10)

@@ -26,11 +26,16 @@ from aitlrt.agents.aider import AiderAgent, WarmAiderAgent
 from aitlrt.agents.base import AgentTask
 from aitlrt.rollouts import RolloutOutcome, RolloutRequest, RolloutRunner
 from aitlrt.serve_process import ServeProcess
+from aitlrt.tasks.sources import with_patch
 from aitlrt.workspace import WorkspacePool, cache_local_repo, git, patch_of, workspace
 from aitlrt_server.upstream import free_port, wait_http
 
 CALC = "def add(a, b):\n    return a - b\n"
 FIXED = "def add(a, b):\n    return a + b\n"
+OTHER_BASE = (
+    "diff --git a/other_task.py b/other_task.py\nnew file mode 100644\n--- /dev/null\n+++ b/other_task.py\n"
+    "@@ -0,0 +1 @@\n+# another task's base\n"
+)
 
 
 def model_seconds(outcome: RolloutOutcome) -> float:
@@ -41,17 +46,6 @@ def overhead(runner: RolloutRunner, requests: list[RolloutRequest]) -> list[floa
     """Seconds of each rollout not spent waiting for the model (a new runner: fresh workspaces)."""
     with runner:
         return [o.timings["total_s"] - model_seconds(o) for o in runner.run(requests)]
-
-
-def _commit_with_change(repo: Path, base: str, path: str) -> str:
-    """A commit on top of ``base`` that changes one file, made without touching the cache's checkout."""
-    blob = git("hash-object", "-w", "--stdin", cwd=repo, input="# another task's base\n").strip()
-    index = {"GIT_INDEX_FILE": str(repo / ".git" / "bench-index")}
-    git("read-tree", base, cwd=repo, env=index)
-    git("update-index", "--cacheinfo", f"100644,{blob},{path}", cwd=repo, env=index)
-    tree = git("write-tree", cwd=repo, env=index).strip()
-    Path(index["GIT_INDEX_FILE"]).unlink()
-    return git("commit-tree", tree, "-p", base, "-m", "another base", cwd=repo).strip()
 
 
 def main() -> None:
@@ -138,12 +132,12 @@ def main() -> None:
     head = git("rev-parse", "HEAD", cwd=repo).strip()
     files = git("ls-files", cwd=repo).splitlines()
     # A second task on the same repository: its base differs in one file (as SWE-smith tasks do).
-    other = _commit_with_change(repo, head, files[len(files) // 2])
+    other = with_patch(repo, head, OTHER_BASE)
     pool = WorkspacePool(work / "pool", max_idle=1)
     copy_s, recycle_s, clone_s = [], [], []
     for i in range(3):
         t0 = time.monotonic()
-        with workspace(repo, head, f"bench-{i}", work / "ws"):
+        with workspace(repo, head, work / "ws"):
             copy_s.append(time.monotonic() - t0)
         for commit in (head, other):  # an agent edits, then the copy moves to the next task's base
             t0 = time.monotonic()

@@ -370,12 +370,12 @@ def create_app(settings: ServeSettings) -> FastAPI:
 
     async def set_limit(rollout_id: str, request: Request) -> int | None:
         max_calls = (await _json_object(request)).get("max_calls")
-        if max_calls is not None and not (isinstance(max_calls, int) and max_calls >= 0):
-            raise ProxyError(400, "'max_calls' must be a non-negative integer or null", param="max_calls")
         if max_calls is None:
             proxy.call_limits.pop(rollout_id, None)
-        else:
+        elif isinstance(max_calls, int) and max_calls >= 0:
             proxy.call_limits[rollout_id] = max_calls
+        else:
+            raise ProxyError(400, "'max_calls' must be a non-negative integer or null", param="max_calls")
         return max_calls
 
     @app.put("/rollouts/{rollout_id}")

@@ -27,7 +27,7 @@ def repo(tmp_path):
 def test_copy_is_at_the_base_commit_private_and_removed(repo, tmp_path):
     src, base = repo
     root = tmp_path / "ws"
-    with workspace(src, base, "r1", root) as ws:
+    with workspace(src, base, root) as ws:
         assert (ws.repo / "calc.py").read_text().endswith("a - b\n")
         (ws.repo / "calc.py").write_text("def add(a, b):\n    return a + b  # fixed\n")
         (ws.repo / "new.txt").write_text("hello\n")
@@ -48,7 +48,7 @@ def test_copy_is_at_the_base_commit_private_and_removed(repo, tmp_path):
 def test_removed_on_exception(repo, tmp_path):
     src, base = repo
     root = tmp_path / "ws"
-    with pytest.raises(ZeroDivisionError), workspace(src, base, "r2", root):
+    with pytest.raises(ZeroDivisionError), workspace(src, base, root):
         1 / 0  # noqa: B018
     assert list(root.iterdir()) == []
 

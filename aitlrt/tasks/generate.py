@@ -138,7 +138,7 @@ def generate_tasks(
     stub = Task(f"{name}-{version}.base", "-", source, repo=name, version=version, env=env)
     test_env = ensure_env(stub, log=log)
     report = Report()
-    with workspace(repo, base, f"gen-baseline-{base[:8]}") as ws:
+    with workspace(repo, base) as ws:
         t0 = time.monotonic()
         baseline, timed_out, output = _run_suite(test_env, ws.repo, timeout=1800)
         report.baseline_s = time.monotonic() - t0
@@ -153,7 +153,7 @@ def generate_tasks(
     out.parent.mkdir(parents=True, exist_ok=True)
 
     def worker(index: int) -> None:
-        with workspace(repo, base, f"gen-{base[:8]}-{index}") as ws, open(out, "a") as sink:
+        with workspace(repo, base) as ws, open(out, "a") as sink:
             while True:
                 with lock:
                     if report.kept >= max_tasks or (max_candidates and report.candidates >= max_candidates):

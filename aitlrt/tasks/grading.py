@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import subprocess
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,7 +88,7 @@ def grade(task: Task, patch: str, timeout: float = 600) -> Grade:
     except EnvBuildError as exc:
         return Grade("env_failed", reason=str(exc)[-1500:])
     repo, base = task.checkout()
-    with workspace(repo, base, f"grade-{uuid.uuid4().hex[:12]}") as ws:
+    with workspace(repo, base) as ws:
         if why := apply_patch(ws.repo, patch):
             return Grade("patch_failed", reason=why, seconds=time.monotonic() - started)
         targets = test_targets(task)
