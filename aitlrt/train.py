@@ -23,7 +23,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 def load_task_rows(script, out_dir: Path) -> list[dict]:
     """Task rows for the dataset: loaded (bad rows reported), or generated offline once and reused."""
-    from aitlrt.paths import aitlrt_home
+    from aitlrt.common.paths import aitlrt_home
     from aitlrt.tasks.loader import load_tasks, parse_overrides
 
     spec = script.tasks
@@ -68,8 +68,8 @@ def load_task_rows(script, out_dir: Path) -> list[dict]:
 
 def start_server(script, config, model_path: str):
     """aitlrt-serve + vLLM on ``model_path`` with the run's sampling parameters (managed mode)."""
-    from aitlrt.serve_process import ServeProcess
-    from aitlrt_server.upstream import free_port
+    from aitlrt.common.procs import free_port
+    from aitlrt.serving.process import ServeProcess
 
     run_dir = Path(config.output_dir) / "serve"
     args = [
@@ -100,7 +100,7 @@ def start_server(script, config, model_path: str):
 def main(argv: list[str] | None = None):
     from trl import ModelConfig, TrlParser, get_peft_config
 
-    from aitlrt.config import AgentGRPOConfig, AgentScriptArguments
+    from aitlrt.training.config import AgentGRPOConfig, AgentScriptArguments
 
     parser = TrlParser((AgentScriptArguments, AgentGRPOConfig, ModelConfig))
     script, config, model_args = parser.parse_args_and_config(argv)
@@ -113,10 +113,10 @@ def run(script, config, model_args, peft_config=None):
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from aitlrt.model import resolve_model
-    from aitlrt.report import use_step_table
-    from aitlrt.rewards import REWARDS
-    from aitlrt.trainer import AgentGRPOTrainer
+    from aitlrt.common.model import resolve_model
+    from aitlrt.report.step_table import use_step_table
+    from aitlrt.rewards.builtin import REWARDS
+    from aitlrt.training.trainer import AgentGRPOTrainer
 
     unknown = [name for name in script.rewards if name not in REWARDS]
     if unknown:

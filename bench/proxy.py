@@ -24,9 +24,10 @@ from tempfile import mkdtemp
 
 import httpx
 
-from aitlrt.model import prepare_bundled_model
-from aitlrt.serve_process import ServeProcess
-from aitlrt_server.upstream import VLLMServer, free_port, wait_http
+from aitlrt.common.model import prepare_bundled_model
+from aitlrt.common.procs import free_port, wait_http
+from aitlrt.serving.process import ServeProcess
+from aitlrt_server.upstream import VLLMServer
 
 MAX_TOKENS = 16
 
@@ -131,7 +132,7 @@ def main() -> None:
 
     port = free_port()
     null = subprocess.Popen(
-        [sys.executable, "-m", "aitlrt_server.scripted_upstream", "--port", str(port)], stdin=subprocess.DEVNULL
+        [sys.executable, "-m", "tests.helpers.scripted_upstream", "--port", str(port)], stdin=subprocess.DEVNULL
     )
     try:
         null_url = f"http://127.0.0.1:{port}"

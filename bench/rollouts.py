@@ -22,13 +22,14 @@ from pathlib import Path
 
 import httpx
 
-from aitlrt.agents.aider import AiderAgent, WarmAiderAgent
-from aitlrt.agents.base import AgentTask
-from aitlrt.rollouts import RolloutOutcome, RolloutRequest, RolloutRunner
-from aitlrt.serve_process import ServeProcess
-from aitlrt.tasks.sources import with_patch
-from aitlrt.workspace import WorkspacePool, cache_local_repo, git, patch_of, workspace
-from aitlrt_server.upstream import free_port, wait_http
+from aitlrt.common.git import git
+from aitlrt.common.procs import free_port, wait_http
+from aitlrt.common.workspace import WorkspacePool, patch_of, workspace
+from aitlrt.rollout.agents.aider import AiderAgent, WarmAiderAgent
+from aitlrt.rollout.agents.base import AgentTask
+from aitlrt.rollout.runner import RolloutOutcome, RolloutRequest, RolloutRunner
+from aitlrt.serving.process import ServeProcess
+from aitlrt.tasks.sources import cache_local_repo, with_patch
 
 CALC = "def add(a, b):\n    return a - b\n"
 FIXED = "def add(a, b):\n    return a + b\n"
@@ -61,7 +62,7 @@ def main() -> None:
     port = free_port()
     upstream = f"http://127.0.0.1:{port}"
     null = subprocess.Popen(
-        [sys.executable, "-m", "aitlrt_server.scripted_upstream", "--port", str(port)], stdin=subprocess.DEVNULL
+        [sys.executable, "-m", "tests.helpers.scripted_upstream", "--port", str(port)], stdin=subprocess.DEVNULL
     )
     rows: list[tuple[str, str]] = []
     targets: list[str] = []

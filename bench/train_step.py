@@ -1,7 +1,7 @@
 """Benchmark of the update: ``AgentGRPOTrainer`` vs plain trl ``GRPOTrainer`` on the same rows and model, side by
 side in one run (alternating rounds), plus the time split of a step.
 
-Rows are built by ``aitlrt.rows.build_rows`` from real traces (``bench/data/aider_traces.jsonl``: real Aider
+Rows are built by ``aitlrt.training.rows.build_rows`` from real traces (``bench/data/aider_traces.jsonl``: real Aider
 rollouts through aitlrt-serve and vLLM CPU with the bundled SmolLM2, as ``aitlrt rollout --out`` writes them),
 repeated to fill the batch.
 
@@ -33,10 +33,10 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
-from aitlrt.config import AgentGRPOConfig
-from aitlrt.rollouts import RolloutOutcome
-from aitlrt.rows import Row, build_rows
-from aitlrt.trainer import AgentGRPOTrainer
+from aitlrt.rollout.runner import RolloutOutcome
+from aitlrt.training.config import AgentGRPOConfig
+from aitlrt.training.rows import Row, build_rows
+from aitlrt.training.trainer import AgentGRPOTrainer
 
 GPU = torch.cuda.is_available()
 ROWS, MAX_ROW, ROUNDS = (16, 4096, 6) if GPU else (2, 1200, 2)
@@ -82,7 +82,7 @@ def model_and_tokenizer():
             tokenizer_for(),
             "Qwen2.5-Coder-1.5B-shaped",
         )
-    from aitlrt.model import resolve_model
+    from aitlrt.common.model import resolve_model
 
     path = resolve_model("bundled")
     return (

@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"aitlrt-serve: unknown arguments with --upstream: {' '.join(vllm_args)}")
         upstream = args.upstream.rstrip("/")
     else:
-        from aitlrt.model import resolve_model
+        from aitlrt.common.model import resolve_model
 
         model = resolve_model(args.model or "bundled")
         name = args.served_model_name or (Path(model).name if Path(model).is_dir() else None)

@@ -5,55 +5,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def wait_http(
-    url: str,
-    proc: subprocess.Popen | None = None,
-    timeout_s: float = 60.0,
-    any_status: bool = False,
-    progress: str | None = None,
-) -> float:
-    """Poll ``url`` until it answers 200 (any status with ``any_status``); return the seconds waited.
-
-    Raises RuntimeError if ``proc`` exits first, TimeoutError after ``timeout_s``.
-    """
-    start = last = time.monotonic()
-    while True:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
-        try:
-            if httpx.get(url, timeout=5).status_code == 200 or any_status:
-                return time.monotonic() - start
-        except httpx.HTTPError:
-            pass
-        now = time.monotonic()
-        if now - start > timeout_s:
-            raise TimeoutError(f"{url} did not answer within {timeout_s:.0f}s")
-        if progress and now - last > 10:
-            print(f"{progress} ({now - start:.0f}s) ...", flush=True)
-            last = now
-        time.sleep(0.25)
+from aitlrt.common.procs import free_port, tail, wait_http
 
 
 class VLLMServer:
@@ -130,12 +86,12 @@ class VLLMServer:
         except TimeoutError:
             self.stop()
             raise TimeoutError(
-                f"vLLM not healthy after {timeout_s:.0f}s; last lines of {self.log_path}:\n{_tail(self.log_path)}"
+                f"vLLM not healthy after {timeout_s:.0f}s; last lines of {self.log_path}:\n{tail(self.log_path, 3000)}"
             ) from None
         except RuntimeError:
             raise RuntimeError(
                 f"vLLM exited with code {self.proc.returncode} while starting; last lines of "
-                f"{self.log_path}:\n{_tail(self.log_path)}"
+                f"{self.log_path}:\n{tail(self.log_path, 3000)}"
             ) from None
 
     def stop(self, grace_s: float = 20.0) -> None:

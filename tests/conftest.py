@@ -13,9 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from aitlrt.model import prepare_bundled_model
-from aitlrt.serve_process import ServeProcess
-from aitlrt_server.upstream import free_port, wait_http
+from aitlrt.common.model import prepare_bundled_model
+from aitlrt.common.procs import free_port, wait_http
+from aitlrt.serving.process import ServeProcess
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -87,7 +87,7 @@ def served(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 @pytest.fixture
 def make_repo(tmp_path: Path) -> Callable[..., Path]:
     """A factory of small real git repositories: ``make_repo({"path": "content"})`` → its folder (one commit)."""
-    from aitlrt.workspace import git
+    from aitlrt.common.git import git
 
     def make(files: dict[str, str], name: str = "repo") -> Path:
         path = tmp_path / name
@@ -121,7 +121,7 @@ def httpx_down(url: str) -> bool:
 def scripted_upstream() -> Iterator[str]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "aitlrt_server.scripted_upstream", "--port", str(port)], stdin=subprocess.DEVNULL
+        [sys.executable, "-m", "tests.helpers.scripted_upstream", "--port", str(port)], stdin=subprocess.DEVNULL
     )
     url = f"http://127.0.0.1:{port}"
     try:

@@ -25,10 +25,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from aitlrt.paths import aitlrt_home
+from aitlrt.common.git import git
+from aitlrt.common.paths import aitlrt_home
 from aitlrt.tasks.sources import file_lock, materialise
 from aitlrt.tasks.task import Task
-from aitlrt.workspace import git
 
 DEFAULT_TEST_CMD = "pytest -rA -p no:cacheprovider"
 

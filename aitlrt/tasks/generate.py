@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from aitlrt.common.git import git
+from aitlrt.common.workspace import workspace
 from aitlrt.tasks.envs import TestEnv, ensure_env
 from aitlrt.tasks.grading import PASSING, parse_pytest
 from aitlrt.tasks.mutations import Mutation, mutations
@@ -27,7 +29,6 @@ from aitlrt.tasks.patches import reverse
 from aitlrt.tasks.sandbox import run_sandboxed
 from aitlrt.tasks.sources import Source, materialise
 from aitlrt.tasks.task import PROBLEM_TEMPLATE, Task
-from aitlrt.workspace import git, workspace
 
 NOT_LIBRARY = {"tests", "test", "testing", "docs", "doc", "examples", "example", "benchmarks", "bench", "scripts"}
 

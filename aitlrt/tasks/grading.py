@@ -13,11 +13,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from aitlrt.common.git import git
+from aitlrt.common.workspace import workspace
 from aitlrt.tasks import patches
 from aitlrt.tasks.envs import EnvBuildError, ensure_env
 from aitlrt.tasks.sandbox import run_sandboxed
 from aitlrt.tasks.task import Task
-from aitlrt.workspace import git, workspace
 
 PASSING = ("PASSED", "XFAIL")
 STATUSES = ("PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS")

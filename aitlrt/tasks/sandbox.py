@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from aitlrt.agents.base import kill_group
+from aitlrt.common.procs import kill_group
 
 MEMORY_LIMIT = 8 << 30
 FILE_SIZE_LIMIT = 1 << 30

@@ -23,8 +23,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from aitlrt.paths import aitlrt_home
-from aitlrt.workspace import cache_local_repo, git
+from aitlrt.common.git import git
+from aitlrt.common.paths import aitlrt_home
 
 FIXED_DATES = {"GIT_AUTHOR_DATE": "2000-01-01T00:00:00+0000", "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000"}
 _SHA = re.compile(r"^[0-9a-f]{7,40}$")
@@ -167,3 +167,23 @@ def with_patch(repo: Path, base: str, patch: str) -> str:
             sha = git("commit-tree", tree, "-p", base, "-m", "aitlrt: task setup patch", cwd=repo, env=env).strip()
         git("update-ref", ref, sha, cwd=repo)
         return sha
+
+
+def cache_local_repo(path: Path) -> Path:
+    """The cache for a local directory: the repository itself if it is one, else a git repository made from
+    a copy of it (one commit holding every file), kept under ``$AITLRT_HOME/repos``."""
+    path = Path(path).resolve()
+    if (path / ".git").exists():
+        return path
+    key = hashlib.sha256(str(path).encode()).hexdigest()[:16]
+    repo = aitlrt_home() / "repos" / f"{path.name}-{key}"
+    if (repo / ".git").exists():
+        return repo
+    tmp = repo.with_name(f"{repo.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(path, tmp, symlinks=True)
+    git("init", "-q", cwd=tmp)
+    git("add", "-A", cwd=tmp)
+    git("commit", "-q", "--no-verify", "-m", f"aitlrt base: {path.name}", cwd=tmp)
+    tmp.rename(repo)
+    return repo

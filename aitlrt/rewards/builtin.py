@@ -1,0 +1,158 @@
+"""Built-in reward functions, each in [0, 1], with trl's reward-function signature.
+
+trl calls ``f(prompts=..., completions=..., completion_ids=..., **columns)`` where every dataset column arrives as
+a list, one entry per rollout; the trainer adds ``agent_patch`` (the rollout's final diff), ``rollout_status``,
+``rollout_calls`` and ``rollout_completion_tokens`` (for shaping rewards of your own). So any trl reward function
+composes with these, and these work on any task dataset with the SWE-bench columns. Grading and similarity run
+concurrently (threads driving sandboxed test processes; a process pool for the CPU-bound similarity) and every one
+is bounded by a timeout: a reward never blocks a step indefinitely. A rollout whose agent failed (timeout, crash,
+agent error) scores 0 everywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from aitlrt.common.git import git
+from aitlrt.common.resources import usable_cores
+from aitlrt.tasks.grading import Grade, grade
+from aitlrt.tasks.patches import similarity
+from aitlrt.tasks.task import Task, TaskError, task_from_row
+
+FAILED_ROLLOUT = ("timeout", "agent_error", "crashed")
+SIMILARITY_TIMEOUT_S = 60.0
+GRADE_TIMEOUT_S = 600.0
+
+
+def _columns(n: int, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rebuild each rollout's row from trl's per-column lists."""
+    lists = {k: v for k, v in kwargs.items() if isinstance(v, list | tuple) and len(v) == n}
+    return [{k: v[i] for k, v in lists.items()} for i in range(n)]
+
+
+def _failed(row: dict[str, Any]) -> bool:
+    return row.get("rollout_status") in FAILED_ROLLOUT
+
+
+class _SimilarityPool:
+    """A lazily started process pool; a computation past its timeout scores 0 and the pool is replaced."""
+
+    def __init__(self) -> None:
+        self._pool = None
+        self._lock = threading.Lock()
+
+    def _fresh(self):
+        if self._pool is not None:
+            self._pool.terminate()
+        self._pool = multiprocessing.get_context("forkserver").Pool(min(4, usable_cores()))
+        return self._pool
+
+    def map(self, pairs: list[tuple[str, str]], timeout: float) -> list[float]:
+        with self._lock:
+            pool = self._pool or self._fresh()
+            out: list[float] = []
+            while len(out) < len(pairs):
+                jobs = [pool.apply_async(similarity, pair) for pair in pairs[len(out) :]]
+                try:
+                    for job in jobs:
+                        out.append(job.get(timeout))
+                except multiprocessing.TimeoutError:
+                    out.append(0.0)
+                    pool = self._fresh()
+            return out
+
+
+_similarity_pool = _SimilarityPool()
+
+
+def patch_similarity(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:
+    """SWE-RL similarity of ``agent_patch`` to the oracle ``patch`` (tasks.patches.similarity)."""
+    rows = _columns(len(kwargs["agent_patch"]), kwargs)
+    pairs = [(r["agent_patch"] or "", r.get("patch") or "") for r in rows]
+    scores = _similarity_pool.map(pairs, SIMILARITY_TIMEOUT_S) if len(pairs) > 1 else [similarity(*pairs[0])]
+    return [0.0 if _failed(r) else s for r, s in zip(rows, scores, strict=True)]
+
+
+def _task(row: dict[str, Any]) -> Task | None:
+    try:
+        return task_from_row(row)
+    except TaskError:
+        return None
+
+
+def applies(task: Task, patch: str) -> bool:
+    """Whether ``patch`` applies to the task's starting commit (checked on a scratch index, no checkout)."""
+    repo, base = task.checkout()
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "GIT_INDEX_FILE": os.path.join(tmp, "index")}
+        git("read-tree", base, cwd=repo, env=env)
+        text = patch if patch.endswith("\n") else patch + "\n"
+        cmd = ["git", "apply", "--cached", "--check", "-"]
+        return subprocess.run(cmd, cwd=repo, env=env, input=text, capture_output=True, text=True).returncode == 0
+
+
+def non_empty_patch(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:
+    """1 when the agent produced a non-empty patch that applies to the task's starting commit."""
+    out = []
+    for row in _columns(len(kwargs["agent_patch"]), kwargs):
+        patch = row["agent_patch"] or ""
+        task = _task(row) if patch.strip() and not _failed(row) else None
+        out.append(float(task is not None and applies(task, patch)))
+    return out
+
+
+_grades: dict[tuple[str, str], Grade] = {}
+_grades_lock = threading.Lock()
+
+
+def grade_cached(task: Task, patch: str, timeout: float = GRADE_TIMEOUT_S) -> Grade:
+    """``grade`` memoised per (task, patch), so tests_pass and tests_pass_fraction run the tests once."""
+    key = (task.instance_id, hashlib.sha256(patch.encode()).hexdigest())
+    with _grades_lock:
+        if key in _grades:
+            return _grades[key]
+    result = grade(task, patch, timeout)
+    with _grades_lock:
+        if len(_grades) > 4096:
+            _grades.clear()
+        _grades[key] = result
+    return result
+
+
+def grade_rollouts(kwargs: dict[str, Any], workers: int | None = None) -> list[Grade]:
+    """Grade every rollout of the batch concurrently."""
+    rows = _columns(len(kwargs["agent_patch"]), kwargs)
+
+    def one(row: dict[str, Any]) -> Grade:
+        if _failed(row):
+            return Grade("agent_failed", reason=f"rollout {row['rollout_status']}")
+        task = _task(row)
+        if task is None:
+            return Grade("bad_task", reason="the row is not a valid task")
+        return grade_cached(task, row["agent_patch"] or "")
+
+    with ThreadPoolExecutor(workers or min(4, usable_cores())) as pool:
+        return list(pool.map(one, rows))
+
+
+def tests_pass(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:
+    """1 when every FAIL_TO_PASS test passes and no PASS_TO_PASS test breaks with the agent's patch applied."""
+    return [float(g.resolved) for g in grade_rollouts(kwargs)]
+
+
+def tests_pass_fraction(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:
+    """The share of FAIL_TO_PASS + PASS_TO_PASS tests that pass (a metric: give it weight 0 to only log it)."""
+    return [g.fraction for g in grade_rollouts(kwargs)]
+
+
+REWARDS: dict[str, Callable[..., list[float]]] = {
+    f.__name__: f for f in (patch_similarity, tests_pass, tests_pass_fraction, non_empty_patch)
+}

@@ -1,0 +1,292 @@
+"""Aider (``aider-chat==0.86.2``) as an agent, run headless and offline from its own virtualenv.
+
+Its pins conflict with trl/vLLM, so it never shares our environment: ``jobs/setup.sh`` builds its venv under
+``$AITLRT_HOME/aider-venv`` (or ``$AITLRT_AIDER_VENV``). The weak model (summaries, commit messages) is the
+policy under the name ``<model>-weak``, whose calls carry the ``X-AITLRT-Tag: weak`` header so the trainer
+can tell them apart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import select
+import shutil
+import subprocess
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aitlrt.common.paths import aitlrt_home, scratch_dir
+from aitlrt.common.procs import kill_group, run_process_group, tail
+from aitlrt.common.workspace import Workspace
+from aitlrt.rollout.agents.base import AgentExit, AgentTask, ModelEndpoint
+
+AIDER_VERSION = "0.86.2"
+WEAK_TAG = "weak"
+
+
+def aider_venv() -> Path:
+    return Path(os.environ.get("AITLRT_AIDER_VENV") or aitlrt_home() / "aider-venv")
+
+
+def aider_settings(endpoint: ModelEndpoint, edit_format: str, streaming: bool) -> tuple[dict, list[dict]]:
+    """Aider's model-metadata (context window, zero cost: no price map download) and model-settings."""
+    main, weak = f"openai/{endpoint.model}", f"openai/{endpoint.model}-weak"
+    meta = {
+        "max_input_tokens": endpoint.context_window,
+        "max_tokens": endpoint.context_window,
+        "max_output_tokens": endpoint.context_window,
+        "input_cost_per_token": 0.0,
+        "output_cost_per_token": 0.0,
+        "litellm_provider": "openai",
+        "mode": "chat",
+    }
+    settings = [
+        {
+            "name": main,
+            "edit_format": edit_format,
+            "weak_model_name": weak,
+            "use_temperature": True,
+            "streaming": streaming,
+            "use_repo_map": False,
+        },
+        {
+            "name": weak,
+            "edit_format": edit_format,
+            "weak_model_name": weak,
+            "use_temperature": True,
+            "streaming": streaming,
+            "use_repo_map": False,
+            "extra_params": {"extra_headers": {"X-AITLRT-Tag": WEAK_TAG}},
+        },
+    ]
+    return {main: meta, weak: meta}, settings
+
+
+@dataclass
+class AiderAgent:
+    """Aider's CLI, one process per rollout (3-4 s of start-up, mostly importing litellm)."""
+
+    edit_format: str = "whole"
+    streaming: bool = False
+    map_tokens: int = 0
+    request_timeout_s: float = 600.0
+    venv: Path = field(default_factory=aider_venv)
+    name: str = "aider"
+
+    def command(self, task: AgentTask, ws: Workspace, endpoint: ModelEndpoint) -> list[str]:
+        return [str(self.venv / "bin" / "aider"), *self.arguments(task, ws, endpoint)]
+
+    def arguments(self, task: AgentTask, ws: Workspace, endpoint: ModelEndpoint) -> list[str]:
+        """Aider's command-line arguments for one rollout (writes the settings files into ``ws.scratch``)."""
+        meta, settings = aider_settings(endpoint, self.edit_format, self.streaming)
+        meta_file, settings_file = ws.scratch / "model-metadata.json", ws.scratch / "model-settings.yml"
+        meta_file.write_text(json.dumps(meta))
+        settings_file.write_text(json.dumps(settings))  # JSON is YAML
+        args = [
+            "--model",
+            f"openai/{endpoint.model}",
+            "--openai-api-base",
+            endpoint.base_url,
+            "--openai-api-key",
+            endpoint.api_key,
+            "--model-metadata-file",
+            str(meta_file),
+            "--model-settings-file",
+            str(settings_file),
+            "--edit-format",
+            self.edit_format,
+            "--map-tokens",
+            str(self.map_tokens),
+            "--timeout",
+            str(self.request_timeout_s),
+            "--yes-always",
+            "--no-pretty",
+            "--no-fancy-input",
+            "--no-notifications",
+            "--no-stream",
+            "--no-auto-commits",
+            "--no-dirty-commits",
+            "--no-gitignore",
+            "--no-check-update",
+            "--no-show-release-notes",
+            "--no-show-model-warnings",
+            "--no-analytics",
+            "--no-suggest-shell-commands",
+            "--no-detect-urls",
+            "--no-auto-lint",
+            "--no-auto-test",
+            "--no-restore-chat-history",
+            "--input-history-file",
+            "/dev/null",
+            "--chat-history-file",
+            str(ws.scratch / "chat-history.md"),
+            "--llm-history-file",
+            str(ws.scratch / "llm-history.txt"),
+            "--message",
+            task.instruction,
+            *task.files,
+        ]
+        if self.streaming:
+            args.remove("--no-stream")
+        return args
+
+    def run(self, task: AgentTask, ws: Workspace, endpoint: ModelEndpoint, timeout_s: float) -> AgentExit:
+        if not (self.venv / "bin" / "aider").exists():
+            raise RuntimeError(f"Aider is not installed in {self.venv}: run jobs/setup.sh (or set AITLRT_AIDER_VENV)")
+        home = ws.scratch / "home"
+        home.mkdir(exist_ok=True)
+        cmd = self.command(task, ws, endpoint)
+        return run_process_group(
+            cmd, cwd=ws.repo, env=agent_env(home), log_path=ws.scratch / "agent.log", timeout_s=timeout_s
+        )
+
+
+def agent_env(home: Path) -> dict[str, str]:
+    """A clean, offline environment with a private HOME: nothing of ours leaks in, nothing is written outside."""
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "LANG": "C.UTF-8",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "BROWSER": "true",
+        "NO_COLOR": "1",
+        "TERM": "dumb",
+        "HF_HUB_OFFLINE": "1",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_AUTHOR_NAME": "aitlrt-agent",
+        "GIT_AUTHOR_EMAIL": "agent@localhost",
+        "GIT_COMMITTER_NAME": "aitlrt-agent",
+        "GIT_COMMITTER_EMAIL": "agent@localhost",
+    }
+
+
+class _Worker:
+    """One ``aider_worker.py`` process in its own process group."""
+
+    def __init__(self, venv: Path, scratch: Path) -> None:
+        scratch.mkdir(parents=True, exist_ok=True)
+        self.log = scratch / "worker.log"
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [str(venv / "bin" / "python"), "-u", str(Path(__file__).with_name("aider_worker.py"))],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env=agent_env(scratch),
+                cwd="/",
+                start_new_session=True,
+                text=True,
+                bufsize=1,
+            )
+        self.jobs = 0
+        self.ready = False
+
+    def read(self, timeout_s: float) -> dict | None:
+        """The next protocol line, or None on timeout or death."""
+        ready, _, _ = select.select([self.proc.stdout], [], [], max(timeout_s, 0.0))
+        line = self.proc.stdout.readline() if ready else ""
+        return json.loads(line) if line else None
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        kill_group(self.proc)
+
+
+@dataclass
+class WarmAiderAgent(AiderAgent):
+    """Aider in warm worker processes: start-up is paid once per worker, not per rollout.
+
+    Each worker runs one rollout at a time, exactly as the CLI would (same arguments, ``aider.main.main``).
+    A worker that times out or dies is killed with its process group and replaced; workers are also
+    recycled after ``jobs_per_worker`` rollouts so no state accumulates. Sets ``max_reflections`` too,
+    which the CLI cannot.
+    """
+
+    max_reflections: int = 3
+    jobs_per_worker: int = 50
+    start_timeout_s: float = 120.0
+    name: str = "aider-warm"
+    _idle: queue.LifoQueue = field(default_factory=queue.LifoQueue, init=False, repr=False)  # hottest first
+    _all: list = field(default_factory=list, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    def prestart(self, n: int, wait: bool = False) -> None:
+        """Start ``n`` more workers now; with ``wait``, return once they are ready."""
+        workers = [self._spawn() for _ in range(n)]
+        for worker in workers:
+            if wait:
+                self._ready(worker)
+            self._idle.put(worker)
+
+    def _ready(self, worker: _Worker) -> None:
+        if not worker.ready:
+            hello = worker.read(self.start_timeout_s)
+            if not hello or not hello.get("ready"):
+                self._retire(worker)
+                raise RuntimeError(f"Aider worker did not start: {tail(worker.log)}")
+            worker.ready = True
+
+    def _spawn(self) -> _Worker:
+        worker = _Worker(self.venv, scratch_dir() / "aider-workers" / f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        with self._lock:
+            self._all.append(worker)
+        return worker
+
+    def _retire(self, worker: _Worker) -> None:
+        worker.kill()
+        with self._lock:
+            self._all.remove(worker)
+        shutil.rmtree(worker.log.parent, ignore_errors=True)
+
+    def _take(self) -> _Worker:
+        try:
+            worker = self._idle.get_nowait()
+        except queue.Empty:
+            worker = self._spawn()
+        if not worker.alive():
+            self._retire(worker)
+            return self._take()
+        self._ready(worker)
+        return worker
+
+    def run(self, task: AgentTask, ws: Workspace, endpoint: ModelEndpoint, timeout_s: float) -> AgentExit:
+        if not (self.venv / "bin" / "python").exists():
+            raise RuntimeError(f"Aider is not installed in {self.venv}: run jobs/setup.sh (or set AITLRT_AIDER_VENV)")
+        start = time.monotonic()
+        worker = self._take()
+        home = ws.scratch / "home"
+        home.mkdir(exist_ok=True)
+        log = ws.scratch / "agent.log"
+        job = {
+            "argv": self.arguments(task, ws, endpoint),
+            "cwd": str(ws.repo),
+            "home": str(home),
+            "log": str(log),
+            "max_reflections": self.max_reflections,
+        }
+        worker.proc.stdin.write(json.dumps(job) + "\n")
+        reply = worker.read(timeout_s - (time.monotonic() - start))
+        seconds = time.monotonic() - start
+        if reply is None:
+            timed_out = worker.alive()
+            self._retire(worker)
+            code = None if timed_out else worker.proc.returncode
+            return AgentExit(code, timed_out, tail(log) + tail(worker.log, 2000), seconds)
+        worker.jobs += 1
+        if worker.jobs >= self.jobs_per_worker:
+            self._retire(worker)
+        else:
+            self._idle.put(worker)
+        return AgentExit(reply["exit_code"], False, tail(log), seconds)
+
+    def close(self) -> None:
+        """Stop every worker."""
+        for worker in list(self._all):
+            self._retire(worker)

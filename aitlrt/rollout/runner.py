@@ -1,0 +1,221 @@
+"""Run many agents at once, each in a private workspace, and judge each rollout from its patch and trace."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+
+from aitlrt.common.workspace import WorkspacePool, patch_of, reclaim_stale
+from aitlrt.rollout.agents.base import Agent, AgentExit, AgentTask, ModelEndpoint
+
+Status = Literal["ok", "no_patch", "timeout", "call_limit", "agent_error", "crashed"]
+
+
+@dataclass(frozen=True)
+class RolloutRequest:
+    rollout_id: str
+    task: AgentTask
+    repo: Path
+    """A cached git repository (see ``aitlrt.common.workspace``)."""
+    base_commit: str
+
+
+@dataclass
+class RolloutOutcome:
+    rollout_id: str
+    task_id: str
+    status: Status
+    reason: str
+    patch: str
+    calls: int
+    """Calls the model answered."""
+    failed_calls: int
+    completion_tokens: int
+    log_tail: str
+    timings: dict[str, float] = field(default_factory=dict)
+    """queue_s, workspace_s, agent_s, diff_s, total_s."""
+    trace: list[dict[str, Any]] = field(default_factory=list, repr=False)
+
+    def summary(self) -> dict[str, Any]:
+        row = asdict(self)
+        row.pop("trace")
+        return row
+
+
+def judge(
+    exit: AgentExit | None,
+    patch: str,
+    trace: list[dict[str, Any]],
+    error: str | None = None,
+) -> tuple[Status, str]:
+    """The outcome from facts, not from the agent's exit code alone (Aider exits 0 on failure)."""
+    answered = [c for c in trace if c.get("status") == 200]
+    failed = [c for c in trace if c.get("status") != 200]
+    if error is not None:
+        return "agent_error", error
+    assert exit is not None
+    if exit.timed_out:
+        return "timeout", f"killed after {exit.seconds:.0f}s with {len(answered)} answered calls"
+    limited = [c for c in failed if c.get("error_code") == "call_limit"]
+    if limited:
+        return "call_limit", limited[0].get("error") or "call limit reached"
+    if exit.returncode != 0:
+        return "crashed", f"agent exited with code {exit.returncode}"
+    if not answered:
+        why = failed[-1].get("error") if failed else "no model call reached the proxy"
+        return "agent_error", f"no call answered: {why}"
+    if not patch.strip():
+        return "no_patch", f"{len(answered)} calls, empty diff"
+    return "ok", f"{len(answered)} calls, {patch.count(chr(10))} diff lines"
+
+
+@dataclass
+class Progress:
+    total: int
+    done: int = 0
+    running: int = 0
+    failed: int = 0
+    calls: int = 0
+    tokens: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    def line(self) -> str:
+        elapsed = time.monotonic() - self.started
+        return (
+            f"rollouts {self.done}/{self.total} done, {self.running} running, {self.failed} failed | "
+            f"{self.calls} calls, {self.tokens / max(elapsed, 1e-9):.1f} tok/s | {elapsed:.0f}s"
+        )
+
+
+class RolloutRunner:
+    """Runs rollouts ``concurrency`` at a time against ``aitlrt-serve`` at ``proxy_url``.
+
+    Workspaces are recycled between rollouts (``WorkspacePool``, up to ``concurrency`` idle copies) unless
+    ``recycle_workspaces`` is False; ``close()`` removes them (a crashed owner's are reclaimed on the next start).
+    """
+
+    def __init__(
+        self,
+        agent: Agent,
+        proxy_url: str,
+        model: str,
+        *,
+        concurrency: int = 4,
+        timeout_s: float = 600.0,
+        max_calls: int | None = None,
+        context_window: int = 8192,
+        api_key: str | None = None,
+        workspaces: Path | None = None,
+        recycle_workspaces: bool = True,
+    ) -> None:
+        self.agent = agent
+        self.proxy_url = proxy_url.rstrip("/")
+        self.model = model
+        self.concurrency = concurrency
+        self.timeout_s = timeout_s
+        self.max_calls = max_calls
+        self.context_window = context_window
+        self.api_key = api_key
+        reclaim_stale(workspaces)
+        self.pool = WorkspacePool(workspaces, max_idle=max(1, concurrency) if recycle_workspaces else 0)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(base_url=self.proxy_url, headers=headers, timeout=60)
+        self._lock = threading.Lock()
+
+    def run(
+        self, requests: Sequence[RolloutRequest], on_progress: Callable[[Progress], None] | None = None
+    ) -> list[RolloutOutcome]:
+        """All rollouts, in the order asked; one failing never stops the others."""
+        progress = Progress(len(requests))
+        queued = time.monotonic()
+        with ThreadPoolExecutor(max(1, self.concurrency), thread_name_prefix="rollout") as pool:
+            futures = [pool.submit(self._one, r, queued, progress, on_progress) for r in requests]
+            return [f.result() for f in futures]
+
+    def close(self) -> None:
+        """Remove the idle workspaces and close the connection to the proxy."""
+        self.pool.close()
+        self._http.close()
+
+    def __enter__(self) -> RolloutRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _proxy(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        return self._http.request(method, path, **kw)
+
+    def _one(
+        self, req: RolloutRequest, queued: float, progress: Progress, on_progress: Callable[[Progress], None] | None
+    ) -> RolloutOutcome:
+        t0 = time.monotonic()
+        timings = {"queue_s": t0 - queued}
+        self._update(progress, on_progress, running=1)
+        exit, patch, error = None, "", None
+        try:
+            # Opens the rollout on the proxy: forgets earlier calls under this id, sets the call limit.
+            self._proxy("PUT", f"/rollouts/{req.rollout_id}", json={"max_calls": self.max_calls}).raise_for_status()
+            endpoint = ModelEndpoint(
+                f"{self.proxy_url}/rollouts/{req.rollout_id}/v1",
+                self.model,
+                api_key=self.api_key or "aitlrt",
+                context_window=self.context_window,
+            )
+            with self.pool.workspace(req.repo, req.base_commit) as ws:
+                t1 = time.monotonic()
+                timings["workspace_s"] = t1 - t0
+                exit = self.agent.run(req.task, ws, endpoint, self.timeout_s)
+                t2 = time.monotonic()
+                timings["agent_s"] = t2 - t1
+                patch = patch_of(ws.repo, req.base_commit)
+                timings["diff_s"] = time.monotonic() - t2
+        except (OSError, RuntimeError, httpx.HTTPError) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        trace = self._trace(req.rollout_id)
+        status, reason = judge(exit, patch, trace, error)
+        answered = [c for c in trace if c.get("status") == 200]
+        outcome = RolloutOutcome(
+            rollout_id=req.rollout_id,
+            task_id=req.task.task_id,
+            status=status,
+            reason=reason,
+            patch=patch,
+            calls=len(answered),
+            failed_calls=len(trace) - len(answered),
+            completion_tokens=sum(len(c["completion_token_ids"]) for c in answered),
+            log_tail=exit.log_tail if exit else "",
+            timings={**timings, "total_s": time.monotonic() - t0},
+            trace=trace,
+        )
+        self._update(
+            progress,
+            on_progress,
+            running=-1,
+            done=1,
+            failed=int(status not in ("ok", "no_patch")),
+            calls=outcome.calls,
+            tokens=outcome.completion_tokens,
+        )
+        return outcome
+
+    def _trace(self, rollout_id: str) -> list[dict[str, Any]]:
+        try:
+            resp = self._proxy("GET", f"/rollouts/{rollout_id}")
+        except httpx.HTTPError:
+            return []
+        return resp.json()["calls"] if resp.status_code == 200 else []
+
+    def _update(self, progress: Progress, on_progress: Callable[[Progress], None] | None, **delta: int) -> None:
+        with self._lock:
+            for key, value in delta.items():
+                setattr(progress, key, getattr(progress, key) + value)
+            if on_progress is not None:
+                on_progress(progress)

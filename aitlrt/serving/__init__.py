@@ -1,0 +1,1 @@
+"""The trainer side of serving: start ``aitlrt-serve`` + vLLM as a child process (``managed_server``)."""

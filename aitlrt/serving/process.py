@@ -1,0 +1,76 @@
+"""Run ``aitlrt-serve`` as a child process (used by the demo, the trainer, tests and benchmarks)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from aitlrt.common.procs import wait_http
+
+
+class ServeProcess:
+    """``aitlrt-serve ARGS`` in its own process group; ``with`` waits for health and stops it afterwards."""
+
+    def __init__(self, args: list[str], port: int, log_path: Path, host: str = "127.0.0.1") -> None:
+        self.args = args
+        self.url = f"http://{host}:{port}"
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+        self._argv = [sys.executable, "-m", "aitlrt_server.cli", "--host", host, "--port", str(port), *args]
+
+    def start(self) -> ServeProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                self._argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
+        return self
+
+    def wait_ready(self, timeout_s: float = 900.0, progress: bool = False, upstream: bool = True) -> float:
+        """Until ``/health`` is 200 (vLLM included; any answer with ``upstream=False``); raises with the
+        log's tail if the process dies."""
+        try:
+            return wait_http(
+                f"{self.url}/health",
+                self.proc,
+                timeout_s,
+                any_status=not upstream,
+                progress="[aitlrt] waiting for aitlrt-serve and vLLM" if progress else None,
+            )
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}; log tail:\n{self.log_path.read_text(errors='replace')[-4000:]}") from None
+        except TimeoutError:
+            self.stop()
+            raise
+
+    def kill(self) -> None:
+        """SIGKILL the proxy alone, as a crash would (a supervised vLLM is left orphaned: use with --upstream)."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self, grace_s: float = 40.0) -> None:
+        """SIGTERM (the proxy then stops its vLLM), SIGKILL the group if it lingers."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def __enter__(self) -> ServeProcess:
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

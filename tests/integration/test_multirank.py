@@ -1,0 +1,54 @@
+"""Two ranks (torchrun, CPU/gloo) with rollouts of very different call counts: the run finishes (every rank runs
+the same number of forward/backward passes) and each group's advantages are computed over the whole group, as
+one rank computes them, although the group's rollouts sit on both ranks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from aitlrt.common.procs import free_port
+from aitlrt.training.advantages import group_advantages
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_two_ranks_with_unequal_rows_finish_with_whole_group_advantages(
+    scripted_upstream, start_proxy, make_repo, tmp_path
+):
+    proxy = start_proxy(scripted_upstream)
+    repo = make_repo({"README": "tiny\n"})
+    out = tmp_path / "run"
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+        str(ROOT / "tests" / "helpers" / "multirank_run.py"),
+        proxy.url,
+        str(repo),
+        str(out),
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    assert sorted(p.name for p in out.glob("rank*.done")) == ["rank0.done", "rank1.done"]
+    for step in (0, 1):
+        saved = [json.loads(line) for line in (out / "rollouts" / f"step_{step:04d}.jsonl").open()]
+        assert len(saved) == 4  # 2 ranks x 2 rollouts: one group of num_generations=4 across both ranks
+        assert len({s["instance_id"] for s in saved}) == 1
+        calls = [s["calls"] for s in saved]
+        rewards = torch.tensor([s["rewards"]["calls_reward"] for s in saved])
+        assert rewards.tolist() == pytest.approx([c / 6 for c in calls])
+        expected, _ = group_advantages(rewards, 4)
+        assert [s["advantage"] for s in saved] == pytest.approx(expected.tolist(), abs=1e-5)
+        assert sorted(calls[:2]) == [1, 2] and sorted(calls[2:]) == [6, 7]  # rank 0: 3 rows, rank 1: 13 rows
+        assert [s["rows"] for s in saved] == calls
+        assert expected.abs().min() > 0.5  # the group's advantages really span both ranks

@@ -1,0 +1,150 @@
+"""Faults a real vLLM will not produce on demand, with the scripted upstream: upstream down, slow, erroring,
+a stream cut mid-way, and a proxy crash with the journal reloaded."""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+from aitlrt.common.procs import free_port
+from tests.conftest import chat, trace
+
+
+def test_upstream_down_gives_502_fast_and_health_503(start_proxy):
+    proxy = start_proxy(f"http://127.0.0.1:{free_port()}", wait_upstream=False)
+    t0 = time.monotonic()
+    resp = chat(proxy.url, "down-1", "hi")
+    assert time.monotonic() - t0 < 10
+    assert resp.status_code == 502
+    assert "unreachable" in resp.json()["error"]["message"]
+    health = httpx.get(f"{proxy.url}/health")
+    assert health.status_code == 503 and health.json()["status"] == "upstream_unavailable"
+
+
+def test_slow_upstream_gives_504_not_a_hang(scripted_upstream, start_proxy):
+    proxy = start_proxy(scripted_upstream, "--request-timeout", "1")
+    t0 = time.monotonic()
+    resp = chat(proxy.url, "slow-1", "fault:slow:5")
+    assert time.monotonic() - t0 < 4
+    assert resp.status_code == 504 and resp.json()["error"]["code"] == "upstream_timeout"
+    (call,) = trace(proxy.url, "slow-1")
+    assert call["status"] == 504 and call["completion_token_ids"] == []
+    assert chat(proxy.url, "slow-1", "fault:slow:0.2").status_code == 200
+    assert [c["call_index"] for c in trace(proxy.url, "slow-1")] == [0, 1]
+
+
+def test_upstream_errors_reach_the_agent_openai_style_and_are_recorded(scripted_upstream, start_proxy):
+    proxy = start_proxy(scripted_upstream)
+    r500 = chat(proxy.url, "err-1", "fault:error500")
+    assert r500.status_code == 500
+    assert "boom" in r500.json()["error"]["message"] and r500.json()["error"]["type"] == "server_error"
+    r400 = chat(proxy.url, "err-1", "fault:error400")
+    assert r400.status_code == 400 and r400.json()["error"]["message"] == "scripted bad request"
+    ok = chat(proxy.url, "err-1", "hello")
+    assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] == "Hello from the script"
+    calls = trace(proxy.url, "err-1")
+    assert [(c["status"], c["call_index"]) for c in calls] == [(500, 0), (400, 1), (200, 2)]
+    assert calls[2]["completion_token_ids"] == [101, 102, 103, 104]
+
+
+def test_stream_cut_midway_is_recorded_partially_with_the_reason(scripted_upstream, start_proxy):
+    proxy = start_proxy(scripted_upstream)
+    body = {"model": "x", "messages": [{"role": "user", "content": "fault:stream-drop"}], "stream": True}
+    with httpx.stream("POST", f"{proxy.url}/rollouts/drop-1/v1/chat/completions", json=body, timeout=30) as resp:
+        lines = [line for line in resp.iter_lines() if line.startswith("data: ")]
+    last = json.loads(lines[-1][6:])
+    assert "error" in last and "stream broken" in last["error"]["message"]
+    (call,) = trace(proxy.url, "drop-1")
+    assert call["status"] == 502 and call["completion_token_ids"] == [101, 102]
+    assert call["text"] == "Hello from"
+
+
+def test_usage_chunk_kept_only_when_the_agent_asked(scripted_upstream, start_proxy):
+    proxy = start_proxy(scripted_upstream)
+    body = {
+        "model": "x",
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    with httpx.stream("POST", f"{proxy.url}/rollouts/usage-1/v1/chat/completions", json=body, timeout=30) as resp:
+        chunks = [json.loads(x[6:]) for x in resp.iter_lines() if x.startswith("data: {")]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4
+    (call,) = trace(proxy.url, "usage-1")
+    assert call["usage"]["completion_tokens"] == 4 and call["prompt_token_ids"]
+
+
+def test_api_key(scripted_upstream, start_proxy):
+    proxy = start_proxy(scripted_upstream, "--api-key", "sekrit")
+    body = {"model": "x", "messages": [{"role": "user", "content": "hi"}]}
+    assert chat(proxy.url, "k-1", "hi").status_code == 401
+    ok = httpx.post(
+        f"{proxy.url}/rollouts/k-1/v1/chat/completions", json=body, headers={"Authorization": "Bearer sekrit"}
+    )
+    assert ok.status_code == 200
+    keyed = httpx.post(f"{proxy.url}/v1/chat/completions", json=body, headers={"Authorization": "Bearer sekrit:k-2"})
+    assert keyed.status_code == 200
+    assert httpx.get(f"{proxy.url}/rollouts").status_code == 401
+    listing = httpx.get(f"{proxy.url}/rollouts", headers={"Authorization": "Bearer sekrit"}).json()["rollouts"]
+    assert listing == {"k-1": 1, "k-2": 1}
+
+
+def test_body_size_limit_gives_413(scripted_upstream, start_proxy):
+    proxy = start_proxy(scripted_upstream)
+    resp = chat(proxy.url, "big-1", "x" * (17 * 2**20))
+    assert resp.status_code == 413 and resp.json()["error"]["code"] == "request_too_large"
+
+
+def test_proxy_crash_and_restart_reloads_the_journal(scripted_upstream, start_proxy, tmp_path):
+    run_dir = tmp_path / "journal"
+    proxy = start_proxy(scripted_upstream, run_dir=run_dir)
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: chat(proxy.url, f"crash-{i % 4}", f"call {i}"), range(16)))
+    assert chat(proxy.url, "gone-1", "hi").status_code == 200
+    assert httpx.delete(f"{proxy.url}/rollouts/gone-1").status_code == 200
+    before = {f"crash-{i}": trace(proxy.url, f"crash-{i}") for i in range(4)}
+    proxy.kill()  # SIGKILL: no shutdown hook runs
+    with open(run_dir / "calls.jsonl", "a") as f:
+        f.write('{"rollout_id": "torn", "call_in')  # a write torn by the crash
+
+    again = start_proxy(scripted_upstream, run_dir=run_dir)
+    for rid, calls in before.items():
+        assert trace(again.url, rid) == calls
+        assert sorted(c["call_index"] for c in calls) == [0, 1, 2, 3]
+    assert httpx.get(f"{again.url}/rollouts/gone-1").status_code == 404
+    assert chat(again.url, "crash-0", "one more").status_code == 200
+    assert [c["call_index"] for c in trace(again.url, "crash-0")] == [0, 1, 2, 3, 4]
+
+
+def test_pause_holds_calls_until_resume_with_new_version(scripted_upstream, start_proxy):
+    proxy = start_proxy(scripted_upstream)
+    assert httpx.post(f"{proxy.url}/weights/pause").json()["paused"] is True
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(chat, proxy.url, "pause-1", "hi")
+        time.sleep(1.0)
+        assert not pending.done(), "a call ran while paused"
+        assert httpx.post(f"{proxy.url}/weights/resume", json={"version": 5}).json()["weight_version"] == 5
+        assert pending.result(timeout=30).status_code == 200
+    assert trace(proxy.url, "pause-1")[0]["weight_version"] == 5
+    assert httpx.post(f"{proxy.url}/weights/resume", json={"version": -1}).status_code == 400
+
+
+def test_opening_a_rollout_forgets_its_calls_and_sets_its_call_limit(scripted_upstream, start_proxy):
+    proxy = start_proxy(scripted_upstream)
+    assert chat(proxy.url, "open-1", "hello").status_code == 200
+    opened = httpx.put(f"{proxy.url}/rollouts/open-1", json={"max_calls": 1})
+    assert opened.json() == {"rollout_id": "open-1", "max_calls": 1, "deleted": True}
+    assert httpx.get(f"{proxy.url}/rollouts/open-1").status_code == 404
+    assert chat(proxy.url, "open-1", "hello").status_code == 200
+    refused = chat(proxy.url, "open-1", "hello")
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "call_limit"
+    assert [c["status"] for c in trace(proxy.url, "open-1")] == [200, 400], "the refusal is recorded too"
+    reopened = httpx.put(f"{proxy.url}/rollouts/open-1", json={"max_calls": None})
+    assert reopened.json()["deleted"] is True and chat(proxy.url, "open-1", "hello").status_code == 200
+    bad = httpx.put(f"{proxy.url}/rollouts/open-1", json={"max_calls": -1})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_calls"
+    assert len(trace(proxy.url, "open-1")) == 1, "a refused request changes nothing"
+    assert httpx.put(f"{proxy.url}/rollouts/bad%20id", json={}).status_code == 400

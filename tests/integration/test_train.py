@@ -1,0 +1,156 @@
+"""``AgentGRPOTrainer`` end to end on CPU: two GRPO steps of the bundled model with real Aider agents on a real
+task, through the session's real aitlrt-serve + vLLM CPU server, checked against the proxy's own traces."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from aitlrt.training.rows import build_rows
+from aitlrt.training.trainer import AgentGRPOTrainer
+
+TASK = "marshmallow-code__webargs.dbde72fe.pr_974"
+WEIGHTS = [1.0, 0.5, 0.01]
+
+
+def first_of_pair(prompts, completions, completion_ids=None, **kwargs):
+    """A reward of our own, composed with the built-ins: 1 for the first rollout of each pair, 0 for the second.
+
+    SmolLM2 rarely edits anything and every call hits the server's 48-token cap, so the built-ins and anything
+    measured on the completions can tie within a group (no gradient, nothing for the sync check to see): this one
+    never ties, so every step really updates the policy."""
+    return [float(i % 2 == 0) for i in range(len(prompts))]
+
+
+class Recording(AgentGRPOTrainer):
+    """The trainer as users run it, keeping what each step produced for the checks below."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.outcomes, self.batches = [], []
+
+    def _rollouts(self, inputs):
+        outcomes = super()._rollouts(inputs)
+        self.outcomes.append(outcomes)
+        return outcomes
+
+    def _generate_and_score_completions(self, inputs):
+        batch = super()._generate_and_score_completions(inputs)
+        self.batches.append({k: v.detach().clone() if torch.is_tensor(v) else v for k, v in batch.items()})
+        return batch
+
+
+def probe_logprobs(vllm_url: str, ids: list[int]) -> list[float]:
+    """The server's logprob of each token of ``ids`` given the ones before (prompt logprobs, straight from vLLM)."""
+    body = {
+        "model": httpx.get(f"{vllm_url}/v1/models").json()["data"][0]["id"],
+        "prompt": ids,
+        "max_tokens": 1,
+        "prompt_logprobs": 0,
+        "temperature": 1.0,
+    }
+    out = httpx.post(f"{vllm_url}/v1/completions", json=body, timeout=120).raise_for_status().json()
+    entries = out["choices"][0]["prompt_logprobs"][1:]
+    return [entry[str(tok)]["logprob"] for entry, tok in zip(entries, ids[1:], strict=True)]
+
+
+def trainer_logprobs(model, ids: list[int]) -> list[float]:
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, :-1].float()
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:]).unsqueeze(1)).squeeze(1).tolist()
+
+
+def test_two_grpo_steps_with_real_agents(served, data_dir, tokenizer, tmp_path, restore_weights):
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+
+    from aitlrt.rewards.builtin import non_empty_patch, patch_similarity
+    from aitlrt.tasks.loader import load_tasks
+    from aitlrt.training.config import AgentGRPOConfig
+
+    (task,) = load_tasks(data_dir / "swesmith_webargs" / "tasks.jsonl", ids={TASK}).tasks
+    dataset = Dataset.from_list([{"prompt": task.problem_statement, **task.as_row()}])
+    config = AgentGRPOConfig(
+        output_dir=str(tmp_path / "run"),
+        proxy_url=served.url,
+        max_steps=2,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        learning_rate=1e-3,  # large, so the probe below sees the update through vLLM's bf16
+        temperature=1.0,
+        rollout_max_calls=2,
+        rollout_timeout_s=300,
+        max_row_tokens=4096,
+        reward_weights=WEIGHTS,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=1,
+        report_to=[],
+        seed=0,
+    )
+    model = AutoModelForCausalLM.from_pretrained(served.model_dir, dtype=torch.float32)
+    probe = tokenizer("def add(a, b):\n    return a + b\n")["input_ids"]
+    server_before, trainer_before = probe_logprobs(served.vllm_url, probe), trainer_logprobs(model, probe)
+    version_before = httpx.get(f"{served.url}/weights").json()["weight_version"]
+
+    trainer = Recording(
+        model=model,
+        reward_funcs=[patch_similarity, first_of_pair, non_empty_patch],
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+    )
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    assert trainer.state.global_step == 2 and len(trainer.batches) == 2
+    assert (Path(config.output_dir) / "checkpoint-2" / "model.safetensors").exists()
+
+    for step, (outcomes, batch) in enumerate(zip(trainer.outcomes, trainer.batches, strict=True)):
+        assert all(o.calls >= 1 for o in outcomes), [o.reason for o in outcomes]
+        # Every trained token is a token the server sampled, with the sampler's own logprob, and nothing else is.
+        traces = [httpx.get(f"{served.url}/rollouts/{o.rollout_id}").json()["calls"] for o in outcomes]
+        expected_tokens, expected_logprobs, rows_expected = [], [], 0
+        for calls in traces:
+            rows, stats = build_rows(calls, config.max_row_tokens)
+            assert stats.truncated_rows == stats.dropped_rows == 0
+            rows_expected += len(rows)
+            for call in sorted(calls, key=lambda c: c["call_index"]):
+                if call["status"] == 200 and not call["tag"]:
+                    expected_tokens += call["completion_token_ids"]
+                    expected_logprobs += call["logprobs"]
+                    assert call["weight_version"] == version_before + step  # synced before step 2's rollouts
+        mask = (batch["completion_mask"] * batch["tool_mask"]).bool()
+        assert batch["completion_ids"][mask].tolist() == expected_tokens
+        assert batch["sampling_per_token_logps"][mask].tolist() == pytest.approx(expected_logprobs, abs=1e-6)
+        assert int(batch["num_items_in_batch"]) == len(expected_tokens)
+        assert int(mask.any(dim=1).sum()) == rows_expected  # the other rows are zero-loss padding
+
+        # Rewards and advantages from the saved rollouts, by hand.
+        saved = [json.loads(line) for line in (Path(config.output_dir) / "rollouts" / f"step_{step:04d}.jsonl").open()]
+        assert [s["rollout_id"] for s in saved] == [o.rollout_id for o in outcomes]
+        totals = [sum(w * s["rewards"][name] for w, name in zip(WEIGHTS, s["rewards"], strict=True)) for s in saved]
+        mean = sum(totals) / 2
+        std = math.sqrt(sum((t - mean) ** 2 for t in totals) / 1)  # unbiased, as trl
+        for s, total in zip(saved, totals, strict=True):
+            assert s["advantage"] == pytest.approx((total - mean) / (std + 1e-4), abs=1e-4)
+        # The advantage reaches every trained token of its rollout (scaled by the truncated IS weight ≤ cap).
+        adv = batch["advantages"][mask]
+        assert torch.all(adv.abs() <= 3.0 * max(abs(s["advantage"]) for s in saved) + 1e-6)
+
+    # The sync reached the server: version advanced once (before step 2), and its logprobs moved with the trainer's.
+    assert httpx.get(f"{served.url}/weights").json()["weight_version"] == version_before + 1
+    trainer.sync_weights()
+    server_after, trainer_after = probe_logprobs(served.vllm_url, probe), trainer_logprobs(trainer.model, probe)
+    d_server = [a - b for a, b in zip(server_after, server_before, strict=True)]
+    d_trainer = [a - b for a, b in zip(trainer_after, trainer_before, strict=True)]
+    moved = sum(abs(d) for d in d_trainer) / len(d_trainer)
+    assert moved > 0.05, "the policy did not change: nothing to check the sync with"
+    err = sum(abs(s - t) for s, t in zip(d_server, d_trainer, strict=True)) / len(d_trainer)
+    assert err <= 0.25 * moved + 0.05, (err, moved)  # the stated tolerance: bf16 serving vs fp32 training

@@ -1,0 +1,38 @@
+"""Agent concurrency follows what the job may use: CPU affinity and memory limits, split among a node's ranks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from aitlrt.common.resources import agent_slots
+
+
+def test_agent_slots_are_bounded_by_cores_and_memory():
+    assert agent_slots(cores=32, memory_gib=250) == 30  # cores: two left to the trainer and the server
+    assert agent_slots(cores=64, memory_gib=16) == 16  # memory: 1 GiB per agent
+    assert agent_slots(cores=2, memory_gib=24) == 2  # a small machine keeps its cores
+    assert agent_slots(cores=1, memory_gib=0.5) == 1  # never zero
+
+
+def test_concurrency_reads_the_job_affinity_and_divides_among_local_ranks():
+    code = (
+        "import os; os.sched_setaffinity(0, {0});"
+        "from aitlrt.common.resources import usable_cores, rollout_concurrency;"
+        "from aitlrt.training.config import AgentGRPOConfig;"
+        "c = AgentGRPOConfig(output_dir='/tmp/x', proxy_url='http://x', report_to=[]);"
+        "print(usable_cores(), rollout_concurrency(), c.rollout_concurrency)"
+    )
+    env = {**os.environ, "LOCAL_WORLD_SIZE": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["1", "1", "1"]
+
+    code = (
+        "from aitlrt.common.resources import agent_slots, rollout_concurrency; "
+        "print(agent_slots(), rollout_concurrency())"
+    )
+    env["LOCAL_WORLD_SIZE"] = "2"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    slots, per_rank = map(int, out.stdout.split())
+    assert per_rank == max(1, slots // 2)

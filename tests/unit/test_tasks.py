@@ -1,0 +1,172 @@
+"""Task loading in every file form, bad-row reports, and the repository sources (git, local, PyPI sdist)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from aitlrt.common.git import git
+from aitlrt.tasks.loader import load_tasks
+from aitlrt.tasks.patches import normalised_files, reverse
+from aitlrt.tasks.sources import Source, materialise, parse_source, with_patch
+from aitlrt.tasks.task import task_from_row
+
+IDS = ["marshmallow-code__marshmallow-1343", "marshmallow-code__marshmallow-1359", "pvlib__pvlib-python-1072"]
+
+
+@pytest.fixture(scope="module")
+def lite_rows(data_dir: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (data_dir / "swebench_lite" / "dev.jsonl").open()]
+    return [r for r in rows if r["instance_id"] in IDS]
+
+
+def _write_all_forms(rows: list[dict], tmp_path: Path) -> list[Path]:
+    jsonl = tmp_path / "t.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    as_json = tmp_path / "t.json"
+    as_json.write_text(json.dumps(rows))
+    as_csv = tmp_path / "t.csv"
+    with open(as_csv, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    as_parquet = tmp_path / "t.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), as_parquet)
+    return [jsonl, as_json, as_csv, as_parquet]
+
+
+def test_every_file_form_loads_the_same_swebench_tasks(lite_rows, tmp_path):
+    loaded = [load_tasks(path) for path in _write_all_forms(lite_rows, tmp_path)]
+    assert all(not ts.problems for ts in loaded)
+    first = loaded[0].tasks
+    assert [t.instance_id for t in first] == [r["instance_id"] for r in lite_rows]
+    for ts in loaded[1:]:
+        assert ts.tasks == first  # Task equality ignores the raw row
+    task = first[0]
+    assert task.source == Source("git", f"https://github.com/{task.repo}.git", lite_rows[0]["base_commit"])
+    assert task.fail_to_pass == tuple(json.loads(lite_rows[0]["FAIL_TO_PASS"])) and task.pass_to_pass
+    # Lists instead of JSON strings: the same task.
+    as_lists = {**lite_rows[0], "FAIL_TO_PASS": list(task.fail_to_pass), "PASS_TO_PASS": list(task.pass_to_pass)}
+    assert task_from_row(as_lists) == task
+    # Overrides by instance id or by repo; the row round-trips through as_row().
+    over = load_tasks(tmp_path / "t.jsonl", overrides={"marshmallow-code/marshmallow": "pypi:marshmallow==2.20.0"})
+    assert over.tasks[0].source == Source("pypi", "marshmallow==2.20.0")
+    assert task_from_row(over.tasks[0].as_row()) == over.tasks[0]
+
+
+def test_bad_rows_are_reported_with_line_and_id_and_do_not_stop_the_rest(lite_rows, tmp_path):
+    good = json.dumps(lite_rows[0])
+    lines = [
+        good,
+        "{not json",
+        json.dumps({**lite_rows[1], "FAIL_TO_PASS": "[broken"}),
+        json.dumps({"problem_statement": "no id"}),
+        "",
+        json.dumps({"instance_id": "orphan-3", "problem_statement": "x"}),
+        json.dumps({**lite_rows[2], "PASS_TO_PASS": 7}),
+        json.dumps(["a", "list"]),
+    ]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    loaded = load_tasks(path)
+    assert [t.instance_id for t in loaded.tasks] == [lite_rows[0]["instance_id"]]
+    got = {(p.where.rsplit(":", 1)[1], p.instance_id) for p in loaded.problems}
+    assert got == {
+        ("2", "?"),
+        ("3", lite_rows[1]["instance_id"]),
+        ("4", "?"),
+        ("6", "orphan-3"),
+        ("7", lite_rows[2]["instance_id"]),
+        ("8", "?"),
+    }
+    reasons = {p.instance_id: p.reason for p in loaded.problems}
+    assert "FAIL_TO_PASS" in reasons[lite_rows[1]["instance_id"]]
+    assert "no repository source" in reasons["orphan-3"]
+    assert "PASS_TO_PASS" in reasons[lite_rows[2]["instance_id"]]
+    with pytest.raises(SystemExit, match="orphan-3"):
+        load_tasks(path, ids={"orphan-3"}).require()
+
+
+def test_swesmith_rows_use_the_reversed_bug_patch_and_a_template_statement(data_dir):
+    loaded = load_tasks(data_dir / "swesmith_webargs" / "tasks.jsonl")
+    assert len(loaded.tasks) == 253 and not loaded.problems
+    task = loaded.tasks[0]
+    assert task.source == Source("pypi", "webargs==8.6.0") and task.version == "8.6.0"
+    assert task.repo == "marshmallow-code/webargs"
+    assert task.setup_patch == task.row["bug_patch"] and task.patch == reverse(task.row["bug_patch"])
+    assert task.fail_to_pass[0] in task.problem_statement and "Do not change the tests" in task.problem_statement
+
+
+def test_source_specs_parse_and_reject_clearly():
+    assert parse_source("pypi:webargs==8.6.0") == Source("pypi", "webargs==8.6.0")
+    assert parse_source("git:https://example.org/x/y.git@0123abc") == Source(
+        "git", "https://example.org/x/y.git", "0123abc"
+    )
+    for bad, hint in [
+        ("pypi:webargs", "exact version"),
+        ("git:https://e.org/x.git", "commit sha"),
+        ("ftp:x", "unknown"),
+    ]:
+        with pytest.raises(ValueError, match=hint):
+            parse_source(bad)
+
+
+@pytest.fixture
+def upstream(tmp_path: Path) -> tuple[Path, list[str]]:
+    """A real git repository with three commits, served over file:// like a remote."""
+    up = tmp_path / "upstream"
+    up.mkdir()
+    git("init", "-q", cwd=up)
+    shas = []
+    for i in range(3):
+        (up / "f.txt").write_text(f"version {i}\n")
+        git("add", "-A", cwd=up)
+        git("commit", "-qm", f"c{i}", cwd=up)
+        shas.append(git("rev-parse", "HEAD", cwd=up).strip())
+    return up, shas
+
+
+def test_git_source_fetches_one_commit_shallowly_and_caches_it(upstream, tmp_path, monkeypatch):
+    monkeypatch.setenv("AITLRT_HOME", str(tmp_path / "home"))
+    up, shas = upstream
+    source = parse_source(f"git:file://{up}@{shas[1]}")
+    repo, base = materialise(source)
+    assert base == shas[1]
+    assert git("show", f"{base}:f.txt", cwd=repo) == "version 1\n"
+    assert git("rev-parse", "--is-shallow-repository", cwd=repo).strip() == "true"
+    assert git("rev-list", "--count", "--all", cwd=repo).strip() == "1"  # only that commit came over
+    shutil.rmtree(up)  # cached: no second fetch needed
+    assert materialise(source) == (repo, base)
+
+
+def test_local_source_at_a_revision_and_setup_patch_commit(upstream, tmp_path, monkeypatch):
+    monkeypatch.setenv("AITLRT_HOME", str(tmp_path / "home"))
+    up, shas = upstream
+    repo, base = materialise(Source("local", str(up), "HEAD~2"))
+    assert base == shas[0]
+    patch = "--- a/f.txt\n+++ b/f.txt\n@@ -1 +1 @@\n-version 0\n+patched\n"
+    first = with_patch(repo, base, patch)
+    assert first != base and with_patch(repo, base, patch) == first  # cached by a ref
+    assert git("show", f"{first}:f.txt", cwd=repo) == "patched\n"
+    assert git("status", "--porcelain", cwd=repo) == ""  # made without touching the work tree
+    other = tmp_path / "home2"
+    monkeypatch.setenv("AITLRT_HOME", str(other))
+    assert with_patch(*materialise(Source("local", str(up), "HEAD~2")), patch) == first  # deterministic sha
+
+
+def test_pypi_sdist_source_and_a_swesmith_task_checkout(data_dir):
+    task = load_tasks(data_dir / "swesmith_webargs" / "tasks.jsonl", limit=1).tasks[0]
+    repo, base = materialise(task.source)
+    files = git("ls-tree", "-r", "--name-only", base, cwd=repo).split()
+    assert "src/webargs/core.py" in files and "tests/test_core.py" in files
+    _, start = task.checkout()
+    assert git("rev-parse", f"{start}~1", cwd=repo).strip() == base  # the bug, committed on the sdist
+    # The task's starting point differs from the sdist by the bug patch; the oracle takes it back.
+    assert normalised_files(git("diff", base, start, cwd=repo)) == normalised_files(task.setup_patch)
+    assert normalised_files(git("diff", start, base, cwd=repo)) == normalised_files(task.patch)
