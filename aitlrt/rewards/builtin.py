@@ -1,12 +1,12 @@
 """Built-in reward functions, each in [0, 1], with trl's reward-function signature.
 
 trl calls ``f(prompts=..., completions=..., completion_ids=..., **columns)`` where every dataset column arrives as
-a list, one entry per rollout; the trainer adds ``agent_patch`` (the rollout's final diff), ``rollout_status``,
-``rollout_calls`` and ``rollout_completion_tokens`` (for shaping rewards of your own). So any trl reward function
-composes with these, and these work on any task dataset with the SWE-bench columns. Grading and similarity run
-concurrently (threads driving sandboxed test processes; a process pool for the CPU-bound similarity) and every one
-is bounded by a timeout: a reward never blocks a step indefinitely. A rollout whose agent failed (timeout, crash,
-agent error) scores 0 everywhere.
+a list, one entry per rollout, with the rollout's results added by ``aitlrt.rewards.inputs.reward_row``
+(``task``, ``agent_patch``, ``rollout_status``, ``rollout_calls``, ``rollout_completion_tokens``). So any trl
+reward function composes with these, and these work on any task dataset with the SWE-bench columns. Grading and
+similarity run concurrently (threads driving sandboxed test processes; a process pool for the CPU-bound
+similarity) and every one is bounded by a timeout: a reward never blocks a step indefinitely. A rollout whose
+agent failed (timeout, crash, agent error) scores 0 everywhere.
 """
 
 from __future__ import annotations
@@ -82,6 +82,9 @@ def patch_similarity(prompts=None, completions=None, completion_ids=None, **kwar
 
 
 def _task(row: dict[str, Any]) -> Task | None:
+    """The rollout's ``Task`` (the ``task`` column of ``aitlrt.rewards.inputs.reward_row``), else built from the row."""
+    if isinstance(row.get("task"), Task):
+        return row["task"]
     try:
         return task_from_row(row)
     except TaskError:

@@ -1,0 +1,46 @@
+"""The rollout → reward contract: the one place where a rollout's results become a reward function's inputs.
+
+trl calls a reward function as ``f(prompts=..., completions=..., completion_ids=..., **columns)``, one list entry
+per rollout for every column. A rollout's columns are its task's dataset row plus what the rollout produced
+(``reward_row``). The trainer hands such rows to trl's ``_calculate_rewards``; ``score`` makes the same call for
+everything that scores rollouts outside training (``aitlrt rollout --rewards``, ``aitlrt eval``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from aitlrt.rollout.runner import RolloutOutcome
+from aitlrt.tasks.task import Task
+
+RewardFunc = Callable[..., Sequence[float | None]]
+
+
+def reward_row(row: Mapping[str, Any], task: Task, outcome: RolloutOutcome) -> dict[str, Any]:
+    """``row`` (the task's columns) plus the rollout's results: ``task`` (the ``Task``, built once per instance and
+    reused), ``agent_patch`` (the final diff), ``rollout_status``, ``rollout_calls`` and
+    ``rollout_completion_tokens``."""
+    return {
+        **row,
+        "task": task,
+        "agent_patch": outcome.patch,
+        "rollout_status": outcome.status,
+        "rollout_calls": outcome.calls,
+        "rollout_completion_tokens": outcome.completion_tokens,
+    }
+
+
+def score(funcs: Mapping[str, RewardFunc], rows: Sequence[Mapping[str, Any]]) -> dict[str, list[float]]:
+    """Each reward function's values on ``rows`` (from ``reward_row``), called as trl calls it; ``None`` becomes
+    NaN (trl's convention for "not applicable")."""
+    if not rows:
+        return {name: [] for name in funcs}
+    columns = {key: [row.get(key) for row in rows] for key in rows[0] if key not in ("prompt", "completion")}
+    prompts = [row.get("prompt", row.get("problem_statement", "")) for row in rows]
+    completions = [row["agent_patch"] for row in rows]
+    out = {}
+    for name, func in funcs.items():
+        values = func(prompts=prompts, completions=completions, completion_ids=[[] for _ in rows], **columns)
+        out[name] = [float("nan") if v is None else float(v) for v in values]
+    return out
