@@ -27,6 +27,10 @@ class RowProblem:
         return f"{self.where} (task {self.instance_id}): {self.reason}"
 
 
+class TaskLoadError(ValueError):
+    """No usable task could be loaded: a missing file, a bad override, or only bad rows (the message lists them)."""
+
+
 @dataclass
 class TaskSet:
     tasks: list[Task] = field(default_factory=list)
@@ -36,7 +40,7 @@ class TaskSet:
         """The tasks; an error listing every problem when there are none."""
         if not self.tasks:
             detail = "\n".join(f"  {p}" for p in self.problems[:20]) or "  (the source has no rows)"
-            raise SystemExit(f"aitlrt: no usable task rows:\n{detail}")
+            raise TaskLoadError(f"no usable task rows:\n{detail}")
         return self.tasks
 
 
@@ -45,7 +49,7 @@ def _rows(spec: str, split: str) -> Iterator[tuple[str, dict[str, Any] | Excepti
     path = Path(spec).expanduser()
     if not path.exists():
         if path.suffix in (".json", ".jsonl", ".csv", ".parquet") or "/" not in spec:
-            raise SystemExit(f"aitlrt: task file {spec} does not exist")
+            raise TaskLoadError(f"task file {spec} does not exist")
         import datasets  # only users with network reach this
 
         for i, row in enumerate(datasets.load_dataset(spec, split=split)):
@@ -110,5 +114,5 @@ def parse_overrides(items: list[str]) -> dict[str, str]:
     pairs = [item.partition("=") for item in items]
     bad = [item for item, (_, sep, value) in zip(items, pairs, strict=True) if not sep or not value]
     if bad:
-        raise SystemExit(f"aitlrt: --source takes ID_OR_REPO=SOURCE, got {bad}")
+        raise TaskLoadError(f"--source takes ID_OR_REPO=SOURCE, got {bad}")
     return {key: value for key, _, value in pairs}

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from aitlrt.common.git import git
-from aitlrt.tasks.loader import load_tasks
+from aitlrt.tasks.loader import TaskLoadError, load_tasks
 from aitlrt.tasks.patches import normalised_files, reverse
 from aitlrt.tasks.sources import Source, materialise, parse_source, with_patch
 from aitlrt.tasks.task import task_from_row
@@ -89,7 +89,7 @@ def test_bad_rows_are_reported_with_line_and_id_and_do_not_stop_the_rest(lite_ro
     assert "FAIL_TO_PASS" in reasons[lite_rows[1]["instance_id"]]
     assert "no repository source" in reasons["orphan-3"]
     assert "PASS_TO_PASS" in reasons[lite_rows[2]["instance_id"]]
-    with pytest.raises(SystemExit, match="orphan-3"):
+    with pytest.raises(TaskLoadError, match="orphan-3"):
         load_tasks(path, ids={"orphan-3"}).require()
 
 
