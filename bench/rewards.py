@@ -77,8 +77,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "generated.jsonl"
-        report = generate_tasks(parse_source("pypi:cachetools==8.0.1"), out, max_tasks=1, log=lambda _: None)
-        report = generate_tasks(parse_source("pypi:cachetools==8.0.1"), out, max_tasks=20, log=lambda _: None)
+        report = generate_tasks(parse_source("pypi:cachetools==8.0.1"), out, max_tasks=1)
+        report = generate_tasks(parse_source("pypi:cachetools==8.0.1"), out, max_tasks=20)
     per_task = report.seconds / max(1, report.kept)
 
     print(f"\ngrading: {len(tasks)} webargs SWE-smith tasks, gold patches, 2 at a time; {sys.platform}")

@@ -63,7 +63,7 @@ setup_project_dir() {
   local dir=${AITLRT_PROJECT_DIR:-${SLURM_SUBMIT_DIR:-$PWD}/.aitlrt}
   [[ $dir = /* ]] || dir=$PWD/$dir
   export_var AITLRT_PROJECT_DIR "$dir"
-  export_var AITLRT_HOME "$dir/home"                # models, repos, test venvs (aitlrt/paths.py)
+  export_var AITLRT_HOME "$dir/home"                # models, repos, test venvs (aitlrt/common/paths.py)
   # Per-rollout workspaces and Aider worker homes: node-local disk, not the shared filesystem.
   export_var AITLRT_SCRATCH "${AITLRT_SCRATCH:-${TMPDIR:-/tmp}/aitlrt-$JOB_ID}"
   export_var HF_HOME "$dir/hf"

@@ -15,9 +15,12 @@ from pathlib import Path
 
 import uvicorn
 
+from aitlrt.common.logs import setup_logging
 from aitlrt_server.app import create_app
 from aitlrt_server.settings import ServeSettings
 from aitlrt_server.upstream import VLLMServer
+
+log = logging.getLogger("aitlrt_server.cli")  # not __name__, which is "__main__" under `python -m`
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,15 +72,13 @@ def sampling_from_args(args: argparse.Namespace) -> dict:
 def _watch(server: VLLMServer) -> None:
     code = server.proc.wait()
     if not server.stopping:
-        logging.getLogger("aitlrt-serve").error(
-            "vLLM exited with code %s; calls now get 502 (log: %s)", code, server.log_path
-        )
+        log.error("vLLM exited with code %s; calls now get 502 (log: %s)", code, server.log_path)
 
 
 def main(argv: list[str] | None = None) -> None:
     args, vllm_args = build_parser().parse_known_args(argv)
-    logging.basicConfig(level=logging.INFO, format="[aitlrt-serve] %(levelname)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.basicConfig(level=logging.INFO, format="[aitlrt-serve] %(levelname)s %(message)s")  # other libraries
+    setup_logging(prefix="[aitlrt-serve]")  # ours, INFO as "[aitlrt-serve] message"
     # SIGTERM while vLLM starts must still run the `finally` that stops it (uvicorn installs its own later).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     run_dir = None if args.no_journal else args.run_dir
@@ -93,13 +94,13 @@ def main(argv: list[str] | None = None) -> None:
         name = args.served_model_name or (Path(model).name if Path(model).is_dir() else None)
         log_path = args.vllm_log or (run_dir or Path(".")) / "vllm.log"
         server = VLLMServer(model, served_model_name=name, port=args.vllm_port, extra_args=vllm_args, log_path=log_path)
-        print(f"[aitlrt-serve] starting vLLM: {' '.join(server.command())}", flush=True)
+        log.info("starting vLLM: %s", " ".join(server.command()))
         server.start()
         upstream = server.url
     try:
         if server is not None:
             took = server.wait_healthy(args.startup_timeout)
-            print(f"[aitlrt-serve] vLLM healthy at {upstream} after {took:.0f}s", flush=True)
+            log.info("vLLM healthy at %s after %.0fs", upstream, took)
             threading.Thread(target=_watch, args=(server,), daemon=True).start()
         settings = ServeSettings(
             upstream=upstream,
@@ -108,11 +109,14 @@ def main(argv: list[str] | None = None) -> None:
             api_key=args.api_key,
             request_timeout_s=args.request_timeout,
         )
-        print(
-            f"[aitlrt-serve] proxy on http://{args.host}:{args.port} -> {upstream}; agents use "
-            f"base URL http://{args.host}:{args.port}/rollouts/<rollout_id>/v1; journal: "
-            f"{run_dir / 'calls.jsonl' if run_dir else 'off'}",
-            flush=True,
+        base = f"http://{args.host}:{args.port}"
+        journal = run_dir / "calls.jsonl" if run_dir else "off"
+        log.info(
+            "proxy on %s -> %s; agents use base URL %s/rollouts/<rollout_id>/v1; journal: %s",
+            base,
+            upstream,
+            base,
+            journal,
         )
         uvicorn.run(
             create_app(settings),

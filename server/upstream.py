@@ -76,12 +76,14 @@ class VLLMServer:
 
     def wait_healthy(self, timeout_s: float = 600.0) -> float:
         """Block until ``/health`` answers 200 (a progress line every 10 s); return seconds taken."""
+        if self.proc is None:
+            raise RuntimeError("vLLM was not started: call start() first")
         try:
             return wait_http(
                 f"{self.url}/health",
                 self.proc,
                 timeout_s,
-                progress=f"[aitlrt-serve] waiting for vLLM at {self.url} (log {self.log_path})",
+                progress=f"waiting for vLLM at {self.url} (log {self.log_path})",
             )
         except TimeoutError:
             self.stop()

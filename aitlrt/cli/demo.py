@@ -1,66 +1,31 @@
-"""``aitlrt demo``: the quick start. Serve the bundled model behind ``aitlrt-serve``, send one real chat
-request as a rollout, and show what the proxy recorded (token ids, sampler logprobs, weight version)."""
+"""``aitlrt demo``: the quick start (``aitlrt.serving.demo``), printed as the agent saw it and as the proxy
+recorded it."""
 
 from __future__ import annotations
 
-import time
+import argparse
 from pathlib import Path
 
-import httpx
-
-from aitlrt.common.model import prepare_bundled_model
-from aitlrt.common.procs import free_port
-from aitlrt.serving.process import ServeProcess
-
-PROMPT = "Write a Python function `add(a, b)` that returns the sum of a and b."
+from aitlrt.serving.demo import PROMPT, run_demo
 
 
-def run_demo(run_dir: Path, max_tokens: int = 96) -> dict:
-    model = prepare_bundled_model()
-    port = free_port()
-    serve = ServeProcess(
-        ["--model", str(model), "--run-dir", str(run_dir), "--max-tokens", str(max_tokens), "--enforce-eager"],
-        port=port,
-        log_path=run_dir / "serve.log",
-    )
-    print(f"[aitlrt] starting aitlrt-serve + vLLM (CPU) with {model.name}; log: {serve.log_path}", flush=True)
-    serve.start()
-    try:
-        took = serve.wait_ready(progress=True)
-        print(f"[aitlrt] ready in {took:.0f}s at {serve.url}", flush=True)
-        rollout = f"demo-{int(time.time())}"
-        base = f"{serve.url}/rollouts/{rollout}/v1"
-        t0 = time.perf_counter()
-        reply = (
-            httpx.post(
-                f"{base}/chat/completions",
-                timeout=300,
-                json={
-                    "model": "any",
-                    "messages": [{"role": "user", "content": PROMPT}],
-                    "temperature": 0,
-                },
-            )
-            .raise_for_status()
-            .json()
-        )
-        latency = time.perf_counter() - t0
-        trace = httpx.get(f"{serve.url}/rollouts/{rollout}", timeout=30).raise_for_status().json()
-    finally:
-        serve.stop()
-    _show(rollout, base, reply, trace, latency, run_dir)
-    return trace
+def add_parser(verbs: argparse._SubParsersAction) -> None:
+    p = verbs.add_parser("demo", help="serve the bundled model via aitlrt-serve, send a request, show the trace")
+    p.add_argument("--run-dir", type=Path, default=Path("runs/demo"))
+    p.add_argument("--max-tokens", type=int, default=96)
 
 
-def _show(rollout: str, base: str, reply: dict, trace: dict, latency: float, run_dir: Path) -> None:
+def run(args: argparse.Namespace) -> None:
     from transformers import AutoTokenizer
 
+    run_dir = args.run_dir
+    result = run_demo(run_dir, args.max_tokens)
+    trace = result.trace
     call = trace["calls"][0]
-    tok = AutoTokenizer.from_pretrained(prepare_bundled_model())
-    content = reply["choices"][0]["message"]["content"]
-    print(f"\n== the agent's view: POST {base}/chat/completions ({latency:.1f}s) ==")
-    print(f"user: {PROMPT}\nassistant: {content}\n")
-    print(f"== what aitlrt-serve recorded for rollout {rollout} ==")
+    tok = AutoTokenizer.from_pretrained(result.model)
+    print(f"\n== the agent's view: POST {result.base_url}/chat/completions ({result.latency_s:.1f}s) ==")
+    print(f"user: {PROMPT}\nassistant: {result.reply}\n")
+    print(f"== what aitlrt-serve recorded for rollout {result.rollout} ==")
     print(
         f"calls: {len(trace['calls'])}  weight_version: {call['weight_version']}  "
         f"finish_reason: {call['finish_reason']}"
@@ -77,5 +42,5 @@ def _show(rollout: str, base: str, reply: dict, trace: dict, latency: float, run
     for i, (tid, lp) in enumerate(zip(call["completion_token_ids"][:12], call["logprobs"][:12], strict=False)):
         print(f"{i:>3}  {tid:>8}  {lp:>8.3f}  {tok.decode([tid])!r}")
     decoded = tok.decode(call["completion_token_ids"], skip_special_tokens=True)
-    print(f"decoded sampled ids == text the agent received: {decoded == content}")
+    print(f"decoded sampled ids == text the agent received: {decoded == result.reply}")
     print(f"journal: {run_dir / 'calls.jsonl'}")

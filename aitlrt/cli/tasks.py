@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -11,7 +12,7 @@ from aitlrt.tasks.loader import load_tasks, parse_overrides
 from aitlrt.tasks.sources import parse_source
 
 
-def add_parser(verbs) -> None:
+def add_parser(verbs: argparse._SubParsersAction) -> None:
     tasks = verbs.add_parser("tasks", help="generate and check tasks").add_subparsers(dest="action", required=True)
     gen = tasks.add_parser("generate", help="make bug-fix tasks from a repository's own test suite (AST mutations)")
     gen.add_argument("--from", dest="source", required=True, help="pypi:NAME==VER, git:URL@SHA or a local path")
@@ -35,7 +36,7 @@ def add_parser(verbs) -> None:
     check.add_argument("--timeout", type=float, default=600.0, help="seconds per test run")
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     try:
         return generate(args) if args.action == "generate" else check(args)
     except (RuntimeError, ValueError, OSError) as exc:  # env build, source fetch, bad spec: one clear line
@@ -43,7 +44,7 @@ def run(args) -> int:
         return 1
 
 
-def generate(args) -> int:
+def generate(args: argparse.Namespace) -> int:
     from aitlrt.tasks.generate import generate_tasks
 
     report = generate_tasks(
@@ -61,7 +62,7 @@ def generate(args) -> int:
     return 0 if report.kept else 1
 
 
-def check(args) -> int:
+def check(args: argparse.Namespace) -> int:
     from aitlrt.tasks.grading import grade
 
     loaded = load_tasks(

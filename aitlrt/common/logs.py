@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 import warnings
+from typing import TextIO
 
 from tqdm.auto import tqdm
 
@@ -20,11 +21,14 @@ def silence_verified_vllm_warning() -> None:
 
 
 def setup_logging(level: int = logging.INFO, prefix: str = "[aitlrt]") -> None:
-    """``prefix message`` on stdout for AITLRT's loggers (warnings and errors say so); quiet third-party INFO."""
+    """``prefix message`` on stdout for AITLRT's loggers (warnings and errors say so); Python's warnings on stderr
+    as before; both above any progress bar. Quiet third-party INFO."""
     silence_verified_vllm_warning()
-    handler = _ConsoleHandler(sys.stdout)
-    handler.setFormatter(_Formatter(prefix))
-    for name in ("aitlrt", "aitlrt_server"):
+    console = _ConsoleHandler(sys.stdout)
+    console.setFormatter(_Formatter(prefix))
+    logging.captureWarnings(True)
+    handlers = {"aitlrt": console, "aitlrt_server": console, "py.warnings": _ConsoleHandler(sys.stderr)}
+    for name, handler in handlers.items():
         log = logging.getLogger(name)
         log.handlers[:] = [handler]
         log.setLevel(level)
@@ -32,13 +36,25 @@ def setup_logging(level: int = logging.INFO, prefix: str = "[aitlrt]") -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
+def write_line(text: str, stream: TextIO | None = None) -> None:
+    """Print ``text`` as a line of its own above tqdm's progress bars (``stream``: stdout by default).
+
+    The bars are cleared, the line is written *and flushed*, then the bars are redrawn. ``tqdm.write`` does not
+    flush: where stdout is a pipe or a file (``| tee``, a batch job's log) the line would leave its buffer only
+    after the bar (on stderr) was redrawn, and land at the end of the bar's line.
+    """
+    stream = stream or sys.stdout
+    with tqdm.external_write_mode(file=stream):
+        stream.write(text + "\n")
+        stream.flush()
+
+
 class _ConsoleHandler(logging.StreamHandler):
-    """Writes through ``tqdm.write``, so a record never lands in the middle of a progress bar's line."""
+    """Writes through ``write_line``, so a record never lands in the middle of a progress bar's line."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            tqdm.write(self.format(record), file=self.stream)
-            self.flush()
+            write_line(self.format(record).rstrip("\n"), self.stream)
         except Exception:
             self.handleError(record)
 

@@ -52,11 +52,11 @@ def prepare_bundled_model(out: Path | None = None, force: bool = False) -> Path:
 
     gguf = _bundled_gguf()
     start = time.monotonic()
-    print(f"[aitlrt] preparing {BUNDLED_MODEL}: dequantising {gguf.name} to bf16 safetensors in {out}", flush=True)
+    log.info("preparing %s: dequantising %s to bf16 safetensors in %s", BUNDLED_MODEL, gguf.name, out)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    model = model.to(torch.bfloat16)
-    model.hf_quantizer = None
+    model.bfloat16()  # in place
+    del model.hf_quantizer  # as HfQuantizer.remove_quantization_config: save_pretrained then writes plain weights
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
@@ -66,7 +66,7 @@ def prepare_bundled_model(out: Path | None = None, force: bool = False) -> Path:
     (tmp / _DONE_MARKER).write_text(f"from {gguf}\n")
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
-    print(f"[aitlrt] model ready in {time.monotonic() - start:.1f}s: {out}", flush=True)
+    log.info("model ready in %.1fs: %s", time.monotonic() - start, out)
     return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -12,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,8 @@ def wait_http(
     any_status: bool = False,
     progress: str | None = None,
 ) -> float:
-    """Poll ``url`` until it answers 200 (any status with ``any_status``); return the seconds waited.
+    """Poll ``url`` until it answers 200 (any status with ``any_status``); return the seconds waited. With
+    ``progress`` (a message), log it every 10 s while waiting.
 
     Raises RuntimeError if ``proc`` exits first, TimeoutError after ``timeout_s``.
     """
@@ -92,6 +96,6 @@ def wait_http(
         if now - start > timeout_s:
             raise TimeoutError(f"{url} did not answer within {timeout_s:.0f}s")
         if progress and now - last > 10:
-            print(f"{progress} ({now - start:.0f}s) ...", flush=True)
+            log.info("%s (%.0fs) ...", progress, now - start)
             last = now
         time.sleep(0.25)

@@ -120,11 +120,11 @@ class WorkspacePool:
         """A private, pristine copy of ``repo`` at ``commit`` for one rollout."""
         repo = Path(repo)
         top = self._take_idle(repo, commit)
-        ws = Workspace(top / "repo", top / "scratch") if top else None
-        if ws is not None and not _recycle(ws, commit):
-            shutil.rmtree(top, ignore_errors=True)
-            ws = None
-        if ws is None:
+        if top is not None and _recycle(ws := Workspace(top / "repo", top / "scratch"), commit):
+            self.recycled += 1
+        else:
+            if top is not None:
+                shutil.rmtree(top, ignore_errors=True)
             top = self.root / f"{os.getpid()}-pool-{uuid.uuid4().hex[:12]}"
             try:
                 ws = _fresh_copy(repo, commit, top)
@@ -132,8 +132,6 @@ class WorkspacePool:
                 shutil.rmtree(top, ignore_errors=True)
                 raise
             self.fresh += 1
-        else:
-            self.recycled += 1
         keep = False
         try:
             yield ws

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from tqdm.auto import tqdm
 from transformers import TrainerCallback
 from transformers.trainer_callback import ProgressCallback
+
+from aitlrt.common.logs import write_line
 
 COLUMNS = (
     ("step", "step", "{:>5.0f}"),
@@ -28,7 +29,8 @@ COLUMNS = (
 
 
 class StepTable(TrainerCallback):
-    """Prints a header once and a row per ``on_log`` on the main process (missing values show as ``-``)."""
+    """Prints a header once and a row per ``on_log`` on the main process, above the progress bar (missing values
+    show as ``-``)."""
 
     def __init__(self) -> None:
         self._header = False
@@ -38,13 +40,13 @@ class StepTable(TrainerCallback):
             return
         values = {**logs, "step": state.global_step}
         if not self._header:
-            tqdm.write(" ".join(f"{name:>{len(fmt.format(0))}}" for name, _, fmt in COLUMNS))
+            write_line(" ".join(f"{name:>{len(fmt.format(0))}}" for name, _, fmt in COLUMNS))
             self._header = True
         cells = []
         for _, key, fmt in COLUMNS:
             width = len(fmt.format(0))
             cells.append(fmt.format(values[key]) if isinstance(values.get(key), int | float) else "-".rjust(width))
-        tqdm.write(" ".join(cells))
+        write_line(" ".join(cells))
 
 
 class QuietProgress(ProgressCallback):

@@ -1,14 +1,20 @@
-"""Run ``aitlrt-serve`` as a child process (used by the demo, the trainer, tests and benchmarks)."""
+"""Run ``aitlrt-serve`` as a child process: ``managed_server`` for the demo, ``aitlrt eval`` and training;
+``ServeProcess`` for raw control (tests and benchmarks)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
-from aitlrt.common.procs import wait_http
+from aitlrt.common.procs import free_port, wait_http
+
+log = logging.getLogger(__name__)
 
 
 class ServeProcess:
@@ -38,7 +44,7 @@ class ServeProcess:
                 self.proc,
                 timeout_s,
                 any_status=not upstream,
-                progress="[aitlrt] waiting for aitlrt-serve and vLLM" if progress else None,
+                progress="waiting for aitlrt-serve and vLLM" if progress else None,
             )
         except RuntimeError as exc:
             raise RuntimeError(f"{exc}; log tail:\n{self.log_path.read_text(errors='replace')[-4000:]}") from None
@@ -74,3 +80,30 @@ class ServeProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@contextmanager
+def managed_server(
+    model: str | Path,
+    run_dir: Path,
+    *,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    max_tokens: int | None = None,
+    extra_args: Sequence[str] = (),
+) -> Iterator[ServeProcess]:
+    """``aitlrt-serve`` + vLLM on ``model`` with these sampling parameters (None: the server's default) on a free
+    local port, journal and ``serve.log`` in ``run_dir``; ready when entered, stopped on exit."""
+    sampling = {"--temperature": temperature, "--top-p": top_p, "--top-k": top_k, "--max-tokens": max_tokens}
+    args = ["--model", str(model), "--run-dir", str(run_dir)]
+    args += [word for flag, value in sampling.items() if value is not None for word in (flag, str(value))]
+    serve = ServeProcess([*args, *extra_args], port=free_port(), log_path=run_dir / "serve.log")
+    log.info("starting aitlrt-serve + vLLM on %s; log: %s", model, serve.log_path)
+    serve.start()
+    try:
+        took = serve.wait_ready(progress=True)
+        log.info("server ready in %.0f s at %s", took, serve.url)
+        yield serve
+    finally:
+        serve.stop()

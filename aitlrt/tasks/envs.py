@@ -13,13 +13,13 @@ import glob
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import shlex
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
@@ -31,6 +31,8 @@ from aitlrt.tasks.sources import file_lock, materialise
 from aitlrt.tasks.task import Task
 
 DEFAULT_TEST_CMD = "pytest -rA -p no:cacheprovider"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,8 @@ def swebench_specs() -> dict[str, dict[str, dict[str, Any]]]:
         return {}
     path = Path(next(iter(found.submodule_search_locations))) / "harness" / "constants" / "python.py"
     module_spec = importlib.util.spec_from_file_location("_swebench_constants_python", path)
+    if module_spec is None or module_spec.loader is None:
+        return {}
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)  # a data-only module: dicts of strings, no imports
     return module.MAP_REPO_VERSION_TO_SPECS_PY
@@ -128,7 +132,7 @@ def envs_root() -> Path:
     return aitlrt_home() / "envs"
 
 
-def ensure_env(task: Task, log: Callable[[str], None] = print) -> TestEnv:
+def ensure_env(task: Task) -> TestEnv:
     """The test environment for ``task``, built on first use (a few seconds to minutes; logged) and cached."""
     spec = spec_for(task)
     repo, base = materialise(task.source)
@@ -144,14 +148,14 @@ def ensure_env(task: Task, log: Callable[[str], None] = print) -> TestEnv:
         shutil.rmtree(env.root, ignore_errors=True)
         env.root.mkdir(parents=True)
         started = time.monotonic()
-        log(f"aitlrt: building the test environment for {task.repo or task.source} (Python {spec.python}) ...")
+        log.info("building the test environment for %s (Python %s) ...", task.repo or task.source, spec.python)
         try:
             _build(env, repo, base)
         except EnvBuildError as exc:
             shutil.rmtree(env.root / "venv", ignore_errors=True)
             raise EnvBuildError(f"task {task.instance_id}: {exc}") from None
         ready.write_text(json.dumps(asdict(spec)))
-        log(f"aitlrt: test environment ready in {time.monotonic() - started:.0f} s: {env.root}")
+        log.info("test environment ready in %.0f s: %s", time.monotonic() - started, env.root)
     return env
 
 

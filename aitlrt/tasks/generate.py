@@ -12,9 +12,10 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -29,6 +30,8 @@ from aitlrt.tasks.patches import reverse
 from aitlrt.tasks.sandbox import run_sandboxed
 from aitlrt.tasks.sources import Source, materialise
 from aitlrt.tasks.task import PROBLEM_TEMPLATE, Task
+
+log = logging.getLogger(__name__)
 
 NOT_LIBRARY = {"tests", "test", "testing", "docs", "doc", "examples", "example", "benchmarks", "bench", "scripts"}
 
@@ -129,7 +132,6 @@ def generate_tasks(
     workers: int = 2,
     max_file_lines: int | None = None,
     env: dict[str, Any] | None = None,
-    log: Callable[[str], None] = print,
 ) -> Report:
     """Write up to ``max_tasks`` validated bug-fix tasks made from ``source`` to ``out`` (JSON lines, appended as
     they are found, so an interrupted run keeps its tasks)."""
@@ -137,7 +139,7 @@ def generate_tasks(
     repo, base = materialise(source)
     name, _, version = source.location.partition("==") if source.kind == "pypi" else (Path(repo).name, "", base[:12])
     stub = Task(f"{name}-{version}.base", "-", source, repo=name, version=version, env=env)
-    test_env = ensure_env(stub, log=log)
+    test_env = ensure_env(stub)
     report = Report()
     with workspace(repo, base) as ws:
         t0 = time.monotonic()
@@ -146,7 +148,7 @@ def generate_tasks(
     passing = sorted(t for t, s in baseline.items() if s in PASSING)
     if timed_out or not passing:
         raise RuntimeError(f"the test suite of {source} does not pass at its base; pytest said:\n{output[-1500:]}")
-    log(f"aitlrt: baseline: {len(passing)} passing tests in {report.baseline_s:.1f} s")
+    log.info("baseline: %d passing tests in %.1f s", len(passing), report.baseline_s)
     timeout = max(20.0, 5 * report.baseline_s)
     files = library_files(repo, base, max_file_lines)
     queue = _candidates(repo, base, files, seed, per_function)
@@ -182,13 +184,18 @@ def generate_tasks(
                         report.kinds[mutation.kind] = report.kinds.get(mutation.kind, 0) + 1
                         sink.write(json.dumps(_row(source, name, version, path, mutation, bug, f2p, p2p, env)) + "\n")
                         sink.flush()
-                        log(
-                            f"aitlrt: task {report.kept}/{max_tasks}: {path}: {mutation.description} "
-                            f"({len(f2p)} failing, {len(p2p)} passing)"
+                        log.info(
+                            "task %d/%d: %s: %s (%d failing, %d passing)",
+                            report.kept,
+                            max_tasks,
+                            path,
+                            mutation.description,
+                            len(f2p),
+                            len(p2p),
                         )
 
     with ThreadPoolExecutor(workers) as pool:
         list(pool.map(worker, range(workers)))
     report.seconds = time.monotonic() - started
-    log(f"aitlrt: {report.line()}")
+    log.info("%s", report.line())
     return report

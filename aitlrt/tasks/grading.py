@@ -85,7 +85,7 @@ def grade(task: Task, patch: str, timeout: float = 600) -> Grade:
     """Run the task's tests on ``patch``; never raises for a bad patch, a broken environment or a hang."""
     started = time.monotonic()
     try:
-        env = ensure_env(task, log=lambda _: None)
+        env = ensure_env(task)
     except EnvBuildError as exc:
         return Grade("env_failed", reason=str(exc)[-1500:])
     repo, base = task.checkout()
@@ -105,14 +105,23 @@ def grade(task: Task, patch: str, timeout: float = 600) -> Grade:
     statuses = parse_pytest(result.output)
     f2p = sum(statuses.get(t) in PASSING for t in task.fail_to_pass)
     p2p = sum(statuses.get(t) in PASSING for t in task.pass_to_pass)
-    counts = dict(f2p_passed=f2p, f2p_total=len(task.fail_to_pass), p2p_passed=p2p, p2p_total=len(task.pass_to_pass))
-    common = dict(seconds=time.monotonic() - started, isolation=result.isolation, **counts)
-    if result.timed_out:
-        return Grade("timeout", reason=f"tests ran past {timeout:.0f} s", **common)
-    if f2p == len(task.fail_to_pass) and p2p == len(task.pass_to_pass) and (task.fail_to_pass or task.pass_to_pass):
-        return Grade("resolved", **common)
     failing = [t for t in (*task.fail_to_pass, *task.pass_to_pass) if statuses.get(t) not in PASSING]
-    reason = f"{len(failing)} test(s) fail, e.g. {failing[0]}" if failing else "no FAIL_TO_PASS/PASS_TO_PASS tests"
-    if not statuses:
-        reason = f"no test results (exit {result.returncode}): {result.output.strip()[-600:]}"
-    return Grade("unresolved", reason=reason, **common)
+    if result.timed_out:
+        status, reason = "timeout", f"tests ran past {timeout:.0f} s"
+    elif not failing and (task.fail_to_pass or task.pass_to_pass):
+        status, reason = "resolved", ""
+    elif statuses:
+        status = "unresolved"
+        reason = f"{len(failing)} test(s) fail, e.g. {failing[0]}" if failing else "no FAIL_TO_PASS/PASS_TO_PASS tests"
+    else:
+        status, reason = "unresolved", f"no test results (exit {result.returncode}): {result.output.strip()[-600:]}"
+    return Grade(
+        status,
+        f2p_passed=f2p,
+        f2p_total=len(task.fail_to_pass),
+        p2p_passed=p2p,
+        p2p_total=len(task.pass_to_pass),
+        reason=reason,
+        seconds=time.monotonic() - started,
+        isolation=result.isolation,
+    )

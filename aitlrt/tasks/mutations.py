@@ -53,8 +53,10 @@ _PRECEDENCE = {ast.BitOr: 1, ast.BitXor: 2, ast.BitAnd: 3, ast.LShift: 4, ast.RS
 _PRECEDENCE |= {ast.Mult: 6, ast.Div: 6, ast.FloorDiv: 6, ast.Mod: 6, ast.MatMult: 6, ast.Pow: 8}
 _STRING_TOKENS = {tokenize.STRING, getattr(tokenize, "FSTRING_MIDDLE", tokenize.STRING)}
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
-_BRANCHES = (ast.If, ast.IfExp, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.TryStar, ast.With, ast.AsyncWith)
-_BRANCHES += (ast.BoolOp, ast.comprehension, ast.Match)
+_BRANCHES = (
+    *(ast.If, ast.IfExp, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.TryStar, ast.With, ast.AsyncWith),
+    *(ast.BoolOp, ast.comprehension, ast.Match),
+)
 _SIMPLE = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr, ast.Delete, ast.Assert)
 _SKIP_FIELDS = {ast.AnnAssign: {"annotation"}, ast.Lambda: {"args"}}
 # Node types each node-level kind applies to (shuffle_statements works on blocks, remove_base on classes).
@@ -72,7 +74,9 @@ _TARGETS = {
     "remove_with_try": (ast.With, ast.AsyncWith, ast.Try, ast.TryStar),
     "remove_method": _DEFS,
 }
-_KINDS_BY_TYPE = {t: [kind for kind, types in _TARGETS.items() if t in types] for ts in _TARGETS.values() for t in ts}
+_KINDS_BY_TYPE: dict[type[ast.AST], list[str]] = {
+    t: [kind for kind, types in _TARGETS.items() if t in types] for ts in _TARGETS.values() for t in ts
+}
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,21 @@ class _Unit:
 def _short(text: str, width: int = 40) -> str:
     text = " ".join(text.split())
     return text if len(text) <= width else text[: width - 3] + "..."
+
+
+_Located = ast.stmt | ast.expr | ast.keyword
+"""A node with a source position."""
+
+
+def _end(node: _Located) -> tuple[int, int]:
+    """A parsed node's end (line, column): ``ast.parse`` sets both; the type stubs allow None."""
+    if node.end_lineno is None or node.end_col_offset is None:
+        raise ValueError(f"{type(node).__name__} at line {node.lineno} has no end position")
+    return node.end_lineno, node.end_col_offset
+
+
+def _last_line(node: _Located) -> int:
+    return _end(node)[0]
 
 
 def _first_line(node: ast.stmt) -> int:
@@ -201,20 +220,21 @@ class _Module:
         return text + "\n" if text and not text.endswith(("\n", "\r")) else text
 
     def indent(self, lineno: int) -> str:
-        return re.match(r"[ \t\f]*", self.line(lineno)).group()
+        line = self.line(lineno)
+        return line[: len(line) - len(line.lstrip(" \t\f"))]
 
     def offset(self, lineno: int, col: int) -> int:
         """The str offset of ``ast``'s (line, UTF-8 byte column) position."""
         line = self.line(lineno)
         return self.bol(lineno) + (col if line.isascii() else len(line.encode()[:col].decode(errors="replace")))
 
-    def start(self, node: ast.AST) -> int:
+    def start(self, node: _Located) -> int:
         return self.offset(node.lineno, node.col_offset)
 
-    def end(self, node: ast.AST) -> int:
-        return self.offset(node.end_lineno, node.end_col_offset)
+    def end(self, node: _Located) -> int:
+        return self.offset(*_end(node))
 
-    def seg(self, node: ast.AST) -> str:
+    def seg(self, node: _Located) -> str:
         return self.s[self.start(node) : self.end(node)]
 
     def starts_line(self, node: ast.stmt) -> bool:
@@ -222,7 +242,7 @@ class _Module:
 
     def owns_lines(self, node: ast.stmt) -> bool:
         """Whether the statement alone occupies its lines (a trailing comment allowed)."""
-        tail = self.s[self.end(node) : self.bol(node.end_lineno + 1)].strip()
+        tail = self.s[self.end(node) : self.bol(_last_line(node) + 1)].strip()
         return self.starts_line(node) and (not tail or tail.startswith("#"))
 
     def skip(self, i: int, end: int) -> int:
@@ -304,7 +324,8 @@ class _Module:
         else:
             parts, ops = node.values, ["and" if isinstance(node.op, ast.And) else "or"] * (len(node.values) - 1)
         spans = [self.token(self.end(a), self.start(b), op) for (a, b), op in zip(pairwise(parts), ops, strict=True)]
-        return None if None in spans else spans
+        found = [span for span in spans if span is not None]
+        return found if len(found) == len(spans) else None
 
     def left_end(self, child: ast.expr, op_start: int) -> int:
         """Where a left operand ends, its closing parentheses included."""
@@ -335,7 +356,7 @@ class _Module:
         """Delete a statement's lines; the only statement of a block becomes ``pass`` (an ``elif`` just goes)."""
         only = len(self.block_of[id(node)]) == 1 and id(node) not in self.elifs
         if self.owns_lines(node):
-            first, last = _first_line(node), node.end_lineno
+            first, last = _first_line(node), _last_line(node)
             line = self.line(first)
             text = self.indent(first) + "pass" + (line[len(line.rstrip("\r\n")) :] or "\n") if only else ""
             return _Change(self.bol(first), self.bol(last + 1), text, node.lineno, what)
@@ -345,7 +366,7 @@ class _Module:
         """Replace a compound statement by its ``body``, dedented one level (multi-line string lines kept)."""
         if not (self.owns_lines(node) and self.starts_line(body[0])):
             return None
-        first, last = _first_line(body[0]), body[-1].end_lineno
+        first, last = _first_line(body[0]), _last_line(body[-1])
         outer, inner = self.indent(node.lineno), self.indent(first)
         if len(inner) <= len(outer) or not inner.startswith(outer):
             return None
@@ -358,7 +379,7 @@ class _Module:
             dedented.append(outer + line[len(inner) :] if n not in keep and line.startswith(inner) else line)
         text = "".join(dedented)
         text += "" if text.endswith(("\n", "\r")) else "\n"
-        return _Change(self.bol(node.lineno), self.bol(node.end_lineno + 1), text, node.lineno, what)
+        return _Change(self.bol(node.lineno), self.bol(_last_line(node) + 1), text, node.lineno, what)
 
     def string_lines(self, first: int, last: int) -> set[int] | None:
         """Lines ``first..last`` that continue a multi-line string (text, not indentation); None if untokenizable."""
@@ -388,7 +409,9 @@ class _Module:
         i = rng.randrange(len(node.ops))
         old = _CMP_TOKENS[type(node.ops[i])]
         spans = self.op_spans(node)
-        return spans and _Change(*spans[i], _CMP_FLIPS[old], node.lineno, f"changed `{old}` to `{_CMP_FLIPS[old]}`")
+        if not spans:
+            return None
+        return _Change(*spans[i], _CMP_FLIPS[old], node.lineno, f"changed `{old}` to `{_CMP_FLIPS[old]}`")
 
     def flip_bool_op(self, node: ast.BoolOp, rng: random.Random) -> _Change | None:
         old, new = ("and", "or") if isinstance(node.op, ast.And) else ("or", "and")
@@ -463,7 +486,7 @@ class _Module:
             return None
         if not (self.owns_lines(node) and self.starts_line(body[0]) and self.starts_line(other[0])):
             return None
-        b0, b1, e0, e1 = _first_line(body[0]), body[-1].end_lineno, _first_line(other[0]), other[-1].end_lineno
+        b0, b1, e0, e1 = _first_line(body[0]), _last_line(body[-1]), _first_line(other[0]), _last_line(other[-1])
         if self.indent(b0) != self.indent(e0):
             return None
         text = self.lines(e0, e1) + self.lines(b1 + 1, e0 - 1) + self.lines(b0, b1)
@@ -503,10 +526,10 @@ class _Module:
         order = window[:]
         while order == window:
             rng.shuffle(order)
-        gaps = [self.lines(a.end_lineno + 1, _first_line(b) - 1) for a, b in pairwise(window)]
-        chunks = [self.lines(_first_line(s), s.end_lineno) for s in order]
+        gaps = [self.lines(_last_line(a) + 1, _first_line(b) - 1) for a, b in pairwise(window)]
+        chunks = [self.lines(_first_line(s), _last_line(s)) for s in order]
         text = "".join(c + g for c, g in zip(chunks, [*gaps, ""], strict=True))
-        first, last = _first_line(window[0]), window[-1].end_lineno
+        first, last = _first_line(window[0]), _last_line(window[-1])
         return _Change(self.bol(first), self.bol(last + 1), text, first, f"reordered lines {first}-{last}")
 
     def remove_method(self, node: ast.FunctionDef | ast.AsyncFunctionDef, rng: random.Random) -> _Change | None:
@@ -522,7 +545,9 @@ class _Module:
         if not bases:
             return None
         base = rng.choice(bases)
-        items = sorted([*node.bases, *node.keywords], key=lambda n: (n.lineno, n.col_offset))
+        items: list[ast.expr | ast.keyword] = sorted(
+            [*node.bases, *node.keywords], key=lambda n: (n.lineno, n.col_offset)
+        )
         rest = [self.seg(item) for item in items if item is not base]
         start, end = self.start(items[0]), self.end(items[-1])
         if not rest:  # drop the parentheses too: `class A:`
@@ -539,7 +564,7 @@ class _Module:
         if unit is None:
             return 0, len(self.s), False
         first = _first_line(unit.node)
-        return self.bol(first), self.bol(unit.node.end_lineno + 1), bool(self.indent(first))
+        return self.bol(first), self.bol(_last_line(unit.node) + 1), bool(self.indent(first))
 
     def _parses(self, span: tuple[int, int, bool], change: _Change) -> bool:
         start, end, indented = span
@@ -552,7 +577,7 @@ class _Module:
 
     def pick(self, unit: _Unit, kinds: list[str], rng: random.Random, limit: int, seen: set[str]) -> list[Mutation]:
         """Up to ``limit`` valid, new mutations of one unit, round-robin over kinds in a seeded order."""
-        targets: dict[str, list[ast.AST] | list[list[ast.stmt]]] = {kind: [] for kind in kinds}
+        targets: dict[str, list[ast.AST | list[ast.stmt]]] = {kind: [] for kind in kinds}
         for node in unit.nodes:
             for kind in _KINDS_BY_TYPE[type(node)]:
                 if kind in targets:

@@ -16,6 +16,13 @@ def _path(line: str) -> str:
     return name.split("/", 1)[1] if name[:2] in ("a/", "b/") else name
 
 
+def _match(pattern: re.Pattern[str], line: str) -> re.Match[str]:
+    """``pattern``'s match of ``line``, a line ``_roles`` classified by that pattern."""
+    if found := pattern.match(line):
+        return found
+    raise ValueError(f"not a {pattern.pattern!r} line: {line!r}")
+
+
 def _count(span: str) -> int:
     return int(span.split(",")[1]) if "," in span else 1
 
@@ -57,7 +64,7 @@ def split_files(patch: str) -> dict[str, list[str]]:
     for role, line in _roles(patch):
         if role == "git":
             current, in_git = [], True
-            files[_GIT_HEADER.match(line).group(2)] = current
+            files[_match(_GIT_HEADER, line).group(2)] = current
         elif role == "old":
             if not in_git:
                 current = []
@@ -77,7 +84,7 @@ def normalise(lines: list[str]) -> str:
     out = []
     for role, line in _roles("\n".join(lines)):
         if role == "hunk":
-            hunk = _HUNK.match(line)
+            hunk = _match(_HUNK, line)
             out.append(f"@@ -{hunk.group(1)} +{hunk.group(2)} @@")
         elif role == "body" and not line.startswith("\\"):
             out.append(line.rstrip())
@@ -136,14 +143,14 @@ def reverse(patch: str) -> str:
             continue
         flush()
         if role == "git":
-            a, b = _GIT_HEADER.match(line).groups()
+            a, b = _match(_GIT_HEADER, line).groups()
             out.append(f"diff --git a/{b} b/{a}")
         elif role == "old":
             old = line[4:]
         elif role == "new":
             out += ["--- " + _swap_prefix(line[4:], "b/", "a/"), "+++ " + _swap_prefix(old, "a/", "b/")]
         elif role == "hunk":
-            hunk = _HUNK.match(line)
+            hunk = _match(_HUNK, line)
             out.append(f"@@ -{hunk.group(2)} +{hunk.group(1)} @@{line[hunk.end() :]}")
         elif role == "meta" and line.startswith("index ") and ".." in line:
             ids, _, mode = line[6:].partition(" ")

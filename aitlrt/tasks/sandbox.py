@@ -27,7 +27,7 @@ FILE_SIZE_LIMIT = 1 << 30
 @cache
 def network_isolation() -> tuple[tuple[str, ...], str]:
     """The command prefix that cuts the network off, and a word for it (``none: <why>`` when nothing works)."""
-    probes = []
+    probes: list[tuple[tuple[str, ...], str]] = []
     if bwrap := shutil.which("bwrap"):
         probes.append(((bwrap, "--dev-bind", "/", "/", "--unshare-net", "--die-with-parent", "--"), "bwrap"))
     if (unshare := shutil.which("unshare")) and (ip := shutil.which("ip")):

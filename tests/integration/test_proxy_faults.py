@@ -148,3 +148,25 @@ def test_opening_a_rollout_forgets_its_calls_and_sets_its_call_limit(scripted_up
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_calls"
     assert len(trace(proxy.url, "open-1")) == 1, "a refused request changes nothing"
     assert httpx.put(f"{proxy.url}/rollouts/bad%20id", json={}).status_code == 400
+
+
+def test_admin_bodies_are_validated_openai_style(scripted_upstream, start_proxy):
+    url = start_proxy(scripted_upstream).url
+    for resp, param in (
+        (httpx.post(f"{url}/weights/reload", json={}), "path"),
+        (httpx.post(f"{url}/weights/reload", json={"path": 3}), "path"),
+        (httpx.post(f"{url}/weights/resume", json={"version": "2"}), "version"),
+        (httpx.put(f"{url}/rollouts/adm-1/limits", json={"max_calls": 1.5}), "max_calls"),
+    ):
+        assert resp.status_code == 400, resp.text
+        err = resp.json()["error"]
+        assert err["param"] == param and f"'{param}'" in err["message"], err
+    for bad in (b"{nope", b"[1]", b""):
+        resp = httpx.put(f"{url}/rollouts/adm-1", content=bad, headers={"content-type": "application/json"})
+        assert resp.status_code == 400 and resp.json()["error"]["code"] == "invalid_json", resp.text
+    # `curl -d` sends a form's content type: the body is still read as JSON.
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    limited = httpx.put(f"{url}/rollouts/adm-1/limits", content=b'{"max_calls": 2}', headers=form)
+    assert limited.json() == {"rollout_id": "adm-1", "max_calls": 2}
+    assert httpx.post(f"{url}/weights/resume", json={"version": 3}).json()["weight_version"] == 3
+    assert httpx.post(f"{url}/weights/resume").json() == {"weight_version": 3, "paused": False}, "empty body: kept"

@@ -183,13 +183,15 @@ class _Worker:
                 text=True,
                 bufsize=1,
             )
+        assert self.proc.stdin is not None and self.proc.stdout is not None  # both are pipes
+        self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
         self.jobs = 0
         self.ready = False
 
     def read(self, timeout_s: float) -> dict | None:
         """The next protocol line, or None on timeout or death."""
-        ready, _, _ = select.select([self.proc.stdout], [], [], max(timeout_s, 0.0))
-        line = self.proc.stdout.readline() if ready else ""
+        ready, _, _ = select.select([self.stdout], [], [], max(timeout_s, 0.0))
+        line = self.stdout.readline() if ready else ""
         return json.loads(line) if line else None
 
     def alive(self) -> bool:
@@ -271,7 +273,7 @@ class WarmAiderAgent(AiderAgent):
             "log": str(log),
             "max_reflections": self.max_reflections,
         }
-        worker.proc.stdin.write(json.dumps(job) + "\n")
+        worker.stdin.write(json.dumps(job) + "\n")
         reply = worker.read(timeout_s - (time.monotonic() - start))
         seconds = time.monotonic() - start
         if reply is None:

@@ -1,0 +1,5 @@
+"""``python -m aitlrt.cli``: the ``aitlrt`` command."""
+
+from aitlrt.cli import main
+
+main()

@@ -1,0 +1,112 @@
+"""Evaluate one checkpoint, or compare two, on the same tasks, agent and sampling: the second is loaded into the
+same server with ``POST /weights/reload``. Results go to JSON lines and a static HTML report."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from aitlrt.common.model import resolve_model
+from aitlrt.evaluation.scoring import score_batch, summarise
+from aitlrt.report.html import write_report
+from aitlrt.rewards.inputs import RewardFunc
+from aitlrt.rollout.batch import Batch, PreparedTask, RolloutSettings, run_batch
+from aitlrt.rollout.runner import Progress
+from aitlrt.serving.process import managed_server
+
+log = logging.getLogger(__name__)
+
+SERVED = "served"
+"""The checkpoint label for the weights a running server has now."""
+
+
+@dataclass
+class CheckpointResult:
+    label: str
+    batch: Batch
+    rewards: dict[str, list[float]]
+    """Each reward's value per rollout."""
+    summary: dict[str, float]
+    """``aitlrt.evaluation.scoring.summarise``."""
+
+
+def evaluate(
+    checkpoints: Sequence[str],
+    prepared: Sequence[PreparedTask],
+    settings: RolloutSettings,
+    rewards: Mapping[str, RewardFunc],
+    *,
+    proxy: str | None = None,
+    serve_dir: Path = Path("runs/eval/serve"),
+    max_tokens: int = 512,
+    temperature: float = 1.0,
+    serve_args: Sequence[str] = ("--enforce-eager",),
+    on_progress: Callable[[Progress], None] | None = None,
+) -> list[CheckpointResult]:
+    """Run, score and summarise the rollouts of each checkpoint (a weights folder, ``bundled``, or ``served``).
+
+    With ``proxy`` (a running ``aitlrt-serve``) the first checkpoint is loaded into it unless it is ``served``;
+    without, a server is started on the first checkpoint (``managed_server`` in ``serve_dir`` with ``max_tokens``,
+    ``temperature`` and ``serve_args``) and stopped at the end. Every later checkpoint is loaded into that server.
+    """
+    with ExitStack() as stack:
+        if proxy is None:
+            model = resolve_model(checkpoints[0])
+            serve = managed_server(
+                model, serve_dir, temperature=temperature, max_tokens=max_tokens, extra_args=serve_args
+            )
+            proxy = stack.enter_context(serve).url
+            loaded = checkpoints[0]
+        else:
+            loaded = SERVED
+        results = []
+        for label in checkpoints:
+            if label != loaded:
+                path = resolve_model(label)
+                log.info("loading %s into the server", path)
+                httpx.post(f"{proxy}/weights/reload", json={"path": str(path)}, timeout=600).raise_for_status()
+                loaded = label
+            batch = run_batch(prepared, proxy, settings, on_progress=on_progress)
+            scores = score_batch(rewards, batch)
+            results.append(CheckpointResult(label, batch, scores, summarise(batch, scores)))
+        return results
+
+
+def report_records(results: Sequence[CheckpointResult]) -> list[dict[str, Any]]:
+    """One record per rollout for ``aitlrt.report.html`` (``step``: the checkpoint's position), with the last
+    call's conversation."""
+    records = []
+    for step, result in enumerate(results):
+        for i, (task, outcome) in enumerate(zip(result.batch.tasks, result.batch.outcomes, strict=True)):
+            last = outcome.trace[-1] if outcome.trace else {}
+            conversation = list((last.get("request") or {}).get("messages") or [])
+            conversation += [last["message"]] if last.get("message") else []
+            records.append(
+                {
+                    **outcome.summary(),
+                    "checkpoint": result.label,
+                    "instance_id": task.instance_id,
+                    "step": step,
+                    "conversation": conversation,
+                    "rewards": {name: values[i] for name, values in result.rewards.items()},
+                }
+            )
+    return records
+
+
+def write_results(results: Sequence[CheckpointResult], out_dir: Path) -> tuple[Path, Path]:
+    """``out_dir/rollouts.jsonl`` (``report_records``) and ``out_dir/report.html``; return both paths."""
+    records = report_records(results)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rollouts = out_dir / "rollouts.jsonl"
+    with open(rollouts, "w") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in records)
+    title = f"aitlrt eval: {' vs '.join(r.label for r in results)}"
+    return rollouts, write_report(records, out_dir / "report.html", title)

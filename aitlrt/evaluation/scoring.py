@@ -1,0 +1,34 @@
+"""Score a batch of rollouts with the built-in rewards, through the same rollout → reward contract as training
+(``aitlrt.rewards.inputs``), and summarise it."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+
+from aitlrt.rewards.builtin import REWARDS
+from aitlrt.rewards.inputs import RewardFunc, reward_row, score
+from aitlrt.rollout.batch import Batch
+
+
+def reward_funcs(names: Sequence[str]) -> dict[str, RewardFunc]:
+    """The built-in rewards called ``names``; ValueError naming the unknown ones."""
+    unknown = [name for name in names if name not in REWARDS]
+    if unknown:
+        raise ValueError(f"unknown rewards {unknown} (known: {', '.join(REWARDS)})")
+    return {name: REWARDS[name] for name in names}
+
+
+def score_batch(funcs: Mapping[str, RewardFunc], batch: Batch) -> dict[str, list[float]]:
+    """Each reward's value for every rollout of ``batch``, in order."""
+    rows = [reward_row(task.as_row(), task, o) for task, o in zip(batch.tasks, batch.outcomes, strict=True)]
+    return score(funcs, rows)
+
+
+def summarise(batch: Batch, rewards: Mapping[str, Sequence[float]]) -> dict[str, float]:
+    """Mean of each reward, of calls and completion tokens per rollout, and the share of ``ok`` rollouts."""
+    out = {name: statistics.fmean(values) for name, values in rewards.items()}
+    out["calls"] = statistics.fmean(o.calls for o in batch.outcomes)
+    out["completion_tokens"] = statistics.fmean(o.completion_tokens for o in batch.outcomes)
+    out["status_ok"] = statistics.fmean(o.status == "ok" for o in batch.outcomes)
+    return out

@@ -1,0 +1,138 @@
+"""Run agents on a batch of tasks through a running ``aitlrt-serve``, without training (``aitlrt rollout``,
+``aitlrt eval``): prepare the tasks' repositories, run ``n`` rollouts of each, keep each rollout's task."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from aitlrt.common.resources import agent_slots
+from aitlrt.rollout.agents import AGENTS, AgentTask, make_agent
+from aitlrt.rollout.runner import Progress, RolloutOutcome, RolloutRequest, RolloutRunner
+from aitlrt.tasks.loader import TaskLoadError
+from aitlrt.tasks.task import Task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PreparedTask:
+    task: Task
+    repo: Path
+    """The cached repository (``Task.checkout``)."""
+    base_commit: str
+
+
+def prepare_tasks(tasks: Iterable[Task]) -> list[PreparedTask]:
+    """Each task with its cached repository and starting commit, fetched now; a task that cannot be checked out is
+    logged and skipped. Raises ``TaskLoadError`` when none is left."""
+    out = []
+    for task in tasks:
+        try:
+            out.append(PreparedTask(task, *task.checkout()))
+        except (OSError, RuntimeError, ValueError) as exc:
+            log.warning("skipping task %s: %s", task.instance_id, exc)
+    if not out:
+        raise TaskLoadError("no task could be prepared")
+    return out
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """How ``run_batch`` runs the agents."""
+
+    n: int = 1
+    """Rollouts per task."""
+    agent: str = "aider-warm"
+    edit_format: str = "whole"
+    concurrency: int | None = None
+    """Agents at once; None: from the node's cores and memory (``agent_slots``)."""
+    timeout_s: float = 600.0
+    max_calls: int | None = None
+    context_window: int = 8192
+    recycle_workspaces: bool = True
+
+    def __post_init__(self) -> None:
+        if self.agent not in AGENTS:
+            raise ValueError(f"unknown agent {self.agent!r} (one of {', '.join(AGENTS)})")
+
+
+@dataclass
+class Batch:
+    tasks: list[Task]
+    """Each rollout's task (the same ``Task`` object for the ``n`` rollouts of a task)."""
+    outcomes: list[RolloutOutcome]
+
+
+def served_model(proxy: str) -> str:
+    """The first model the proxy serves."""
+    models = httpx.get(f"{proxy.rstrip('/')}/v1/models", timeout=30).raise_for_status().json()["data"]
+    return models[0]["id"]
+
+
+def run_batch(
+    prepared: Sequence[PreparedTask],
+    proxy: str,
+    settings: RolloutSettings,
+    *,
+    model: str | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> Batch:
+    """``settings.n`` rollouts of every task through ``proxy`` (model: the proxy's first), in task order."""
+    proxy = proxy.rstrip("/")
+    model = model or served_model(proxy)
+    stamp = time.strftime("%H%M%S")
+    requests = [
+        RolloutRequest(
+            f"{p.task.instance_id[:80]}.{stamp}.{g}".replace("/", "_"),
+            AgentTask(p.task.instance_id, p.task.problem_statement, p.task.files),
+            p.repo,
+            p.base_commit,
+        )
+        for p in prepared
+        for g in range(settings.n)
+    ]
+    concurrency = settings.concurrency or agent_slots()
+    agent = make_agent(settings.agent, settings.edit_format)
+    runner = RolloutRunner(
+        agent,
+        proxy,
+        model,
+        concurrency=concurrency,
+        timeout_s=settings.timeout_s,
+        max_calls=settings.max_calls,
+        context_window=settings.context_window,
+        recycle_workspaces=settings.recycle_workspaces,
+    )
+    log.info(
+        "%d rollouts (%d tasks x %d) with %s, %d at a time, model %s via %s",
+        len(requests),
+        len(prepared),
+        settings.n,
+        settings.agent,
+        concurrency,
+        model,
+        proxy,
+    )
+    try:
+        outcomes = runner.run(requests, on_progress=on_progress)
+    finally:
+        runner.close()
+        if hasattr(agent, "close"):
+            agent.close()
+    return Batch([p.task for p in prepared for _ in range(settings.n)], outcomes)
+
+
+def write_outcomes(path: Path, outcomes: Sequence[RolloutOutcome], rewards: Mapping[str, Sequence[float]]) -> None:
+    """One JSON line per rollout: its summary, its ``rewards`` by name and its ``trace``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        for i, o in enumerate(outcomes):
+            scores = {name: values[i] for name, values in rewards.items()}
+            fh.write(json.dumps({**o.summary(), "rewards": scores, "trace": o.trace}) + "\n")

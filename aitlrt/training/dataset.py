@@ -1,0 +1,50 @@
+"""The training dataset's rows: the tasks of ``--tasks`` (a file, a Hub dataset, or ``generate``: made offline once
+from ``--generate_from`` and reused), each with its repository fetched and cached before training starts."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aitlrt.common.paths import aitlrt_home
+from aitlrt.rollout.batch import prepare_tasks
+from aitlrt.tasks.loader import load_tasks, parse_overrides
+
+if TYPE_CHECKING:
+    from aitlrt.training.config import AgentScriptArguments
+
+log = logging.getLogger(__name__)
+
+
+def generated_tasks(source: str, num_tasks: int | None, max_file_lines: int | None) -> Path:
+    """The task file generated from ``source`` under ``$AITLRT_HOME/tasks``, topped up to ``num_tasks`` (default 8)
+    valid tasks if it has fewer."""
+    from aitlrt.tasks.generate import generate_tasks
+    from aitlrt.tasks.sources import parse_source
+
+    name = source.replace(":", "-").replace("/", "_").replace("==", "-")
+    name += f"-max{max_file_lines}" if max_file_lines else ""
+    path = aitlrt_home() / "tasks" / f"{name}.jsonl"
+    want = num_tasks or 8
+    have = len(path.read_text().splitlines()) if path.exists() else 0
+    if have < want:
+        log.info("generating %d tasks from %s into %s", want - have, source, path)
+        generate_tasks(parse_source(source), path, max_tasks=want - have, seed=have, max_file_lines=max_file_lines)
+    return path
+
+
+def load_task_rows(script: AgentScriptArguments) -> list[dict[str, Any]]:
+    """One dataset row per usable task (``prompt`` plus ``Task.as_row``); bad rows and tasks whose repository
+    cannot be fetched are logged and skipped. Raises ``TaskLoadError`` when no task is left."""
+    spec = script.tasks
+    if spec == "generate":
+        spec = str(generated_tasks(script.generate_from, script.num_tasks, script.generate_max_file_lines))
+    loaded = load_tasks(
+        spec, split=script.task_split, overrides=parse_overrides(script.task_source), limit=script.num_tasks
+    )
+    for problem in loaded.problems:
+        log.warning("skipping bad task row: %s", problem)
+    rows = [{"prompt": p.task.problem_statement, **p.task.as_row()} for p in prepare_tasks(loaded.require())]
+    log.info("%d tasks from %s", len(rows), spec)
+    return rows

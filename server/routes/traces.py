@@ -1,0 +1,46 @@
+"""The trace routes: list, read, delete and open rollouts, and limit their calls."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends
+
+from aitlrt_server.errors import ProxyError
+from aitlrt_server.routes.bodies import Limits
+from aitlrt_server.routes.deps import ProxyDep, RolloutId, require_key
+
+router = APIRouter(dependencies=[Depends(require_key)])
+
+
+@router.get("/rollouts")
+async def rollouts(proxy: ProxyDep) -> dict[str, Any]:
+    return {"rollouts": proxy.store.summary()}
+
+
+@router.get("/rollouts/{rollout_id}")
+async def trace(rollout_id: RolloutId, proxy: ProxyDep) -> dict[str, Any]:
+    calls = proxy.store.get(rollout_id)
+    if calls is None:
+        raise ProxyError(404, f"no calls recorded for rollout {rollout_id!r}", code="rollout_not_found")
+    return {"rollout_id": rollout_id, "calls": calls}
+
+
+@router.delete("/rollouts/{rollout_id}")
+async def delete(rollout_id: RolloutId, proxy: ProxyDep) -> dict[str, Any]:
+    if not proxy.store.delete(rollout_id):
+        raise ProxyError(404, f"no calls recorded for rollout {rollout_id!r}", code="rollout_not_found")
+    return {"deleted": rollout_id}
+
+
+@router.put("/rollouts/{rollout_id}")
+async def open_rollout(rollout_id: RolloutId, limits: Limits, proxy: ProxyDep) -> dict[str, Any]:
+    """Start a rollout afresh in one round trip: forget its earlier calls, set its call limit."""
+    proxy.set_call_limit(rollout_id, limits.max_calls)
+    return {"rollout_id": rollout_id, "max_calls": limits.max_calls, "deleted": proxy.store.delete(rollout_id)}
+
+
+@router.put("/rollouts/{rollout_id}/limits")
+async def set_limits(rollout_id: RolloutId, limits: Limits, proxy: ProxyDep) -> dict[str, Any]:
+    proxy.set_call_limit(rollout_id, limits.max_calls)
+    return {"rollout_id": rollout_id, "max_calls": limits.max_calls}
