@@ -37,6 +37,7 @@ from aitlrt.rollout.runner import RolloutOutcome
 from aitlrt.training.config import AgentGRPOConfig
 from aitlrt.training.rows import Row, build_rows
 from aitlrt.training.trainer import AgentGRPOTrainer
+from aitlrt.training.weight_sync import host_state_dict
 
 GPU = torch.cuda.is_available()
 ROWS, MAX_ROW, ROUNDS = (16, 4096, 6) if GPU else (2, 1200, 2)
@@ -162,10 +163,9 @@ def compare(model, tok, rows: list[Row], tmp: str) -> dict[str, float]:
     agent._batch(rows, list(range(ROWS)), advantages, "train")  # warm-up (kernels, allocator)
     sync()
     started = time.perf_counter()
-    agent_batch = agent._batch(rows, list(range(ROWS)), advantages, "train")  # with the IS forward
+    agent_batch, _ = agent._batch(rows, list(range(ROWS)), advantages, "train")  # with the IS forward
     sync()
     batch_s = time.perf_counter() - started
-    agent_batch.pop("_gap")
     plain_batch = {k: agent_batch[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")}
     plain_batch["advantages"] = torch.tensor(advantages, device=device)
     plain_batch["num_items_in_batch"] = plain_batch["completion_mask"].sum()
@@ -179,7 +179,7 @@ def compare(model, tok, rows: list[Row], tmp: str) -> dict[str, float]:
         if not k % 2:
             t_plain.append(step_plain(plain_batch))
     started = time.perf_counter()
-    state = agent.host_state_dict()  # what the reload sync writes (merged weights for LoRA)
+    state = host_state_dict(agent)  # what the reload sync writes (merged weights for LoRA)
     from safetensors.torch import save_file
 
     save_file(state, f"{tmp}/model.safetensors")
@@ -262,7 +262,9 @@ def replay_steps(lora: bool, steps: int = 3) -> dict[str, float]:
             model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM")
         )
     before = {n: p.detach().float().clone() for n, p in model.named_parameters() if p.requires_grad}
-    tasks = [{"prompt": f"t{i}", "instance_id": f"t{i}", "problem_statement": f"t{i}"} for i in range(64)]
+    tasks = [  # a task needs a source; replayed rollouts never check it out
+        {"prompt": f"t{i}", "instance_id": f"t{i}", "problem_statement": f"t{i}", "repo_path": "."} for i in range(64)
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         trainer = ReplayTrainer(
             model=model,

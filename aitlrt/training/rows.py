@@ -59,7 +59,7 @@ class RowStats:
 
 
 def _usable(call: dict[str, Any]) -> bool:
-    ids, logprobs = call.get("completion_token_ids"), call.get("logprobs")
+    ids, logprobs = call.get("completion_token_ids"), call.get("logprobs") or []
     return bool(call.get("status", 200) == 200 and call.get("prompt_token_ids") and ids and len(ids) == len(logprobs))
 
 

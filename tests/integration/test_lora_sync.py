@@ -6,7 +6,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
-from aitlrt.training.trainer import lora_weights
+from aitlrt.training.weight_sync import lora_weights
 
 
 def test_lora_weights_match_the_base_names_and_the_merged_values(model_dir):
@@ -49,7 +49,7 @@ def test_a_lora_trainer_syncs_merged_weights_into_the_server(served, tokenizer, 
 
     from aitlrt.training.config import AgentGRPOConfig
     from aitlrt.training.trainer import AgentGRPOTrainer
-    from tests.test_train import probe_logprobs, trainer_logprobs
+    from tests.integration.test_train import probe_logprobs, trainer_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(served.model_dir, dtype=torch.float32)
     config = AgentGRPOConfig(

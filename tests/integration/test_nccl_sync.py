@@ -35,6 +35,16 @@ class RecordingClient:
         self.prefix_cache_reset = True
 
 
+def nccl(proxy_url: str, client: RecordingClient):
+    """An NCCL sync streaming through ``client`` (the config refuses ``weight_sync=nccl`` without CUDA; this needs
+    none)."""
+    from aitlrt.training.weight_sync import NcclSync
+
+    sync = NcclSync(proxy_url, "", 51216)
+    sync.client = client
+    return sync
+
+
 @pytest.fixture
 def trainer(scripted_upstream, start_proxy, model_dir, tokenizer, tmp_path):
     from datasets import Dataset
@@ -66,9 +76,7 @@ def test_nccl_sync_holds_calls_while_streaming_and_bumps_the_version(trainer):
     trainer, url, upstream = trainer
     assert httpx.get(f"{url}/weights").json()["upstream"] == upstream  # where the NCCL client connects
     before = httpx.get(f"{url}/weights").json()["weight_version"]
-    trainer._vllm_client = client = RecordingClient(url)
-
-    trainer.args.weight_sync = "nccl"  # the config refuses it without CUDA; the client above needs none
+    trainer.weight_sync = nccl(url, client := RecordingClient(url))
     trainer.sync_weights()
     assert trainer.weight_version == before + 1
 
@@ -84,8 +92,7 @@ def test_nccl_sync_holds_calls_while_streaming_and_bumps_the_version(trainer):
 def test_a_failed_nccl_transfer_reopens_the_proxy_on_the_old_version_and_raises(trainer):
     trainer, url, _ = trainer
     before = httpx.get(f"{url}/weights").json()["weight_version"]
-    trainer._vllm_client = RecordingClient(url, fail=True)
-    trainer.args.weight_sync = "nccl"
+    trainer.weight_sync = nccl(url, RecordingClient(url, fail=True))
     with pytest.raises(RuntimeError, match="NCCL timeout"):
         trainer.sync_weights()
     after = httpx.get(f"{url}/weights").json()
