@@ -26,7 +26,7 @@ class AgentGRPOConfig(GRPOConfig):
     rollout_max_calls: int | None = field(default=8, metadata={"help": "model calls per rollout (proxy-enforced)"})
     rollout_concurrency: int | None = field(
         default=None,
-        metadata={"help": "agents at once per rank (default: min(cores - 2, memory GiB) of the node / its ranks)"},
+        metadata={"help": "agents at once per rank (default: aitlrt.common.resources.rollout_concurrency())"},
     )
     recycle_workspaces: bool = field(
         default=True,
