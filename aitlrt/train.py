@@ -46,6 +46,28 @@ def main(argv: list[str] | None = None) -> AgentGRPOTrainer:
     return run(script, config, model_args, get_peft_config(model_args))
 
 
+def resume_checkpoint(value: str | bool | None, output_dir: str | Path) -> str | None:
+    """What ``Trainer.train(resume_from_checkpoint=...)`` gets for ``--resume_from_checkpoint VALUE``.
+
+    ``true`` (any case; YAML's ``true`` arrives as a bool) means, as in trl and transformers, the newest checkpoint
+    in ``output_dir``: here the newest ``checkpoint-N`` holding a ``trainer_state.json`` (one cut off while being
+    saved has none; transformers would pick it and fail), and None, a fresh start, when there is none (where
+    transformers raises): a job that resumes whatever it saved, such as a requeued SLURM job (jobs/lib.sh), passes
+    ``true`` before its first checkpoint exists. ``false`` or empty: None. Anything else: a checkpoint path.
+    """
+    if value is None or value is False or (isinstance(value, str) and value.strip().lower() in ("", "false")):
+        return None
+    if value is not True and str(value).strip().lower() != "true":
+        return str(value)
+    best: tuple[int, Path] | None = None
+    root = Path(output_dir)
+    for ckpt in root.glob("checkpoint-*") if root.is_dir() else ():
+        step = ckpt.name.removeprefix("checkpoint-")
+        if step.isdigit() and (ckpt / "trainer_state.json").is_file() and (best is None or int(step) > best[0]):
+            best = (int(step), ckpt)
+    return str(best[1]) if best else None
+
+
 def run(
     script: AgentScriptArguments, config: AgentGRPOConfig, model_args: ModelConfig, peft_config: Any = None
 ) -> AgentGRPOTrainer:
@@ -105,9 +127,15 @@ def run(
             peft_config=peft_config,
         )
         use_step_table(trainer)
+        resume = resume_checkpoint(config.resume_from_checkpoint, out_dir)
+        if state.is_main_process and str(config.resume_from_checkpoint).strip().lower() == "true":
+            if resume:
+                log.info("resuming from %s, the newest complete checkpoint in %s", resume, out_dir)
+            else:
+                log.info("no complete checkpoint in %s to resume from: starting fresh", out_dir)
         started = time.monotonic()
         try:
-            trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
+            trainer.train(resume_from_checkpoint=resume)
         finally:
             trainer.close()
         trainer.save_model(config.output_dir)

@@ -237,7 +237,8 @@ has_train_arg() {
   return 1
 }
 
-# The newest complete checkpoint-N (one with trainer_state.json) in DIR, or nothing.
+# The newest complete checkpoint-N (one with trainer_state.json) in DIR, or nothing (aitlrt/train.py resolves
+# `--resume_from_checkpoint true` the same way).
 latest_checkpoint() {
   local dir=$1 best="" bestn=-1 c n
   for c in "$dir"/checkpoint-*; do
@@ -248,17 +249,16 @@ latest_checkpoint() {
   if [ -n "$best" ]; then printf '%s\n' "$best"; fi
 }
 
-# --resume_from_checkpoint PATH when OUTPUT_DIR holds a checkpoint (a requeued job continues there), unless
-# the train args name one or AITLRT_RESUME=0.
+# --resume_from_checkpoint true (train.py: the newest complete checkpoint in output_dir DIR when the trainer
+# starts, else a fresh start), unless the train args name one or AITLRT_RESUME=0. A requeued job thus continues
+# from what the previous run saved; the checkpoint found now is only logged.
 resume_args() {
   local ckpt
   RESUME_ARGS=()
   if [ "${AITLRT_RESUME:-1}" != 1 ] || has_train_arg resume_from_checkpoint; then return 0; fi
+  RESUME_ARGS=(--resume_from_checkpoint true)
   ckpt=$(latest_checkpoint "$1")
-  if [ -n "$ckpt" ]; then
-    log "resuming from $ckpt"
-    RESUME_ARGS=(--resume_from_checkpoint "$ckpt")
-  fi
+  if [ -n "$ckpt" ]; then log "resuming from $ckpt (the newest complete checkpoint in $1)"; fi
 }
 
 # The sampling the trainer computes its losses with, forced on every call by aitlrt-serve (as train.py
@@ -310,24 +310,17 @@ maybe_setup() {
   run bash "$ROOT/jobs/setup.sh"
 }
 
-# vLLM's TP and DP over GPUS serving GPUs, TP x DP = GPUS: AITLRT_VLLM_TP and/or AITLRT_VLLM_DP, the missing one
-# derived; neither: DP = DEFAULT_DP (or 1).
-vllm_parallel() {
-  local gpus=$1 v
-  VLLM_TP=${AITLRT_VLLM_TP:-}
-  VLLM_DP=${AITLRT_VLLM_DP:-}
-  for v in $VLLM_TP $VLLM_DP; do
-    [[ $v =~ ^[1-9][0-9]*$ ]] || die "AITLRT_VLLM_TP and AITLRT_VLLM_DP must be positive integers, got '$v'"
-  done
-  if [ -n "$VLLM_TP" ] && [ -z "$VLLM_DP" ]; then
-    ((gpus % VLLM_TP == 0)) || die "vLLM TP $VLLM_TP does not divide the $gpus serving GPU(s)"
-    VLLM_DP=$((gpus / VLLM_TP))
-  elif [ -z "$VLLM_TP" ]; then
-    VLLM_DP=${VLLM_DP:-${2:-1}}
-    ((gpus % VLLM_DP == 0)) || die "vLLM DP $VLLM_DP does not divide the $gpus serving GPU(s)"
-    VLLM_TP=$((gpus / VLLM_DP))
-  fi
-  ((VLLM_TP * VLLM_DP == gpus)) || die "vLLM TP $VLLM_TP x DP $VLLM_DP must equal the $gpus serving GPU(s)"
+# vLLM's VLLM_TP x VLLM_DP over GPUS serving GPUs, NODE_GPUS of them per node (TP stays within a node), for MODEL
+# served with SERVE_ARGS: AITLRT_VLLM_TP and/or AITLRT_VLLM_DP (the missing one derived), else chosen from the
+# model's heads, KV heads and size by jobs/vllm_layout.py (its docstring has the rule), which logs why; the weights
+# must fit AITLRT_GPU_MEMORY_GIB per GPU (default: nvidia-smi's; unknown: not checked).
+vllm_layout() {
+  local gpus=$1 node_gpus=$2 model=$3 out py=$VENV/bin/python
+  shift 3
+  [ -x "$py" ] || py=python3   # container mode: the host's (standard library only)
+  out=$("$py" "$ROOT/jobs/vllm_layout.py" --model "$model" --gpus "$gpus" --gpus-per-node "$node_gpus" \
+    --tp "${AITLRT_VLLM_TP:-}" --dp "${AITLRT_VLLM_DP:-}" -- "$@") || exit 2   # it printed the error
+  read -r VLLM_TP VLLM_DP <<<"$out"
 }
 
 # ---- supervision, signals, requeue -----------------------------------------------------------------------

@@ -10,7 +10,8 @@
 # clusters"):
 #   AITLRT_CONFIG              training config (or the first argument)              required
 #   AITLRT_SERVE_NODES         nodes for vLLM; with 2+, vLLM data parallel across them  1
-#   AITLRT_VLLM_TP, AITLRT_VLLM_DP   TP x DP = serving GPUs; TP within a node       GPUs per node / DP, serve nodes
+#   AITLRT_VLLM_TP, AITLRT_VLLM_DP   TP x DP = serving GPUs; TP within a node       jobs/vllm_layout.py
+#   AITLRT_GPU_MEMORY_GIB      one GPU's memory, to check the weights fit vLLM's layout   nvidia-smi
 #   AITLRT_ACCELERATE_CONFIG   accelerate config file                                configs/accelerate/multi_node.yaml
 #   AITLRT_VLLM_RPC_PORT       vLLM's data-parallel RPC port (2+ serve nodes)        40000 + job id % 10000
 #
@@ -44,9 +45,6 @@ SERVE_NODES=("${NODES[@]:0:N_SERVE}")
 TRAIN_NODES=("${NODES[@]:N_SERVE}")
 HEAD=${SERVE_NODES[0]}
 GPUS=$(gpus_per_node)
-vllm_parallel $((N_SERVE * GPUS)) "$N_SERVE"
-((GPUS % VLLM_TP == 0)) || die "vLLM TP $VLLM_TP must divide the $GPUS GPUs of a node (no tensor parallelism across nodes here)"
-LOCAL_DP=$((GPUS / VLLM_TP))   # vLLM engines per serve node
 
 setup_project_dir
 maybe_setup
@@ -59,6 +57,8 @@ URL=http://$HEAD:$PORT
 bypass_proxy "$HEAD" 127.0.0.1 localhost
 CONCURRENCY=$(rollout_concurrency "$GPUS")
 serve_sampling_args
+vllm_layout $((N_SERVE * GPUS)) "$GPUS" "$MODEL" "${SERVE_EXTRA[@]}"
+LOCAL_DP=$((GPUS / VLLM_TP))   # vLLM engines per serve node
 resume_args "$OUTPUT_DIR"
 install_traps
 dry_run || mkdir -p "$SYNC_DIR"

@@ -8,7 +8,8 @@
 #
 # Knobs, besides those of jobs/lib.sh (README, "Running on GPUs and SLURM clusters"):
 #   AITLRT_MODEL               model to serve (or pass --model)                   aitlrt-serve's default, bundled
-#   AITLRT_VLLM_TP, AITLRT_VLLM_DP   TP x DP = the job's GPUs                      GPUs / DP, 1
+#   AITLRT_VLLM_TP, AITLRT_VLLM_DP   TP x DP = the job's GPUs                      jobs/vllm_layout.py
+#   AITLRT_GPU_MEMORY_GIB      one GPU's memory, to check the weights fit vLLM's layout   nvidia-smi
 #
 #SBATCH --job-name=aitlrt-serve
 #SBATCH --nodes=1
@@ -27,15 +28,22 @@ source "$ROOT/jobs/lib.sh"
 parse_common_args "$@"
 [ "${SLURM_NNODES:-1}" = 1 ] || die "this script serves from one node, the job has $SLURM_NNODES"
 GPUS=$(gpus_per_node)
-vllm_parallel "$GPUS"
-DP_ARGS=()
-((VLLM_DP == 1)) || DP_ARGS=(--data-parallel-size "$VLLM_DP")
 MODEL_ARGS=()
 [ -z "${AITLRT_MODEL:-}" ] || MODEL_ARGS=(--model "$AITLRT_MODEL")
+MODEL=${AITLRT_MODEL:-bundled}   # the model whose shape sets vLLM's layout: the last --model wins
+for ((i = 0; i < ${#ARGS[@]}; i++)); do
+  case ${ARGS[i]} in
+    --model) MODEL=${ARGS[i + 1]:-$MODEL} ;;
+    --model=*) MODEL=${ARGS[i]#*=} ;;
+  esac
+done
 
 setup_project_dir
 maybe_setup
 container_wrap
+vllm_layout "$GPUS" "$GPUS" "$MODEL" "${ARGS[@]}"
+DP_ARGS=()
+((VLLM_DP == 1)) || DP_ARGS=(--data-parallel-size "$VLLM_DP")
 PORT=$(serve_port)
 URL=http://$(hostname):$PORT
 RUN_DIR=$AITLRT_PROJECT_DIR/serve/$JOB_ID

@@ -11,7 +11,8 @@
 #   AITLRT_SERVE_GPUS          GPUs for vLLM                                                1
 #   AITLRT_SERVE_DEVICES       explicit CUDA_VISIBLE_DEVICES of the server (e.g. 0,1)      the first AITLRT_SERVE_GPUS
 #   AITLRT_TRAIN_DEVICES       explicit CUDA_VISIBLE_DEVICES of the trainer (may share)    the others
-#   AITLRT_VLLM_TP, AITLRT_VLLM_DP   vLLM tensor / data parallel sizes, TP x DP = serving GPUs   GPUs / DP, 1
+#   AITLRT_VLLM_TP, AITLRT_VLLM_DP   vLLM tensor / data parallel sizes, TP x DP = serving GPUs   jobs/vllm_layout.py
+#   AITLRT_GPU_MEMORY_GIB      one GPU's memory, to check the weights fit vLLM's layout   nvidia-smi
 #   AITLRT_ACCELERATE_CONFIG   accelerate config file                                      configs/accelerate/zero3.yaml
 #
 #SBATCH --job-name=aitlrt
@@ -61,9 +62,6 @@ fi
 ((${#TRAIN[@]} > 0)) || die "no GPU left for training: set AITLRT_TRAIN_DEVICES"
 SERVE_DEVICES=$(IFS=,; echo "${SERVE[*]}")
 TRAIN_DEVICES=$(IFS=,; echo "${TRAIN[*]}")
-vllm_parallel "${#SERVE[@]}"
-DP_ARGS=()
-((VLLM_DP == 1)) || DP_ARGS=(--data-parallel-size "$VLLM_DP")
 
 setup_project_dir
 maybe_setup
@@ -76,6 +74,9 @@ URL=http://127.0.0.1:$PORT
 bypass_proxy 127.0.0.1 localhost
 CONCURRENCY=$(rollout_concurrency "${#TRAIN[@]}")
 serve_sampling_args
+vllm_layout "${#SERVE[@]}" "${#SERVE[@]}" "$MODEL" "${SERVE_EXTRA[@]}"
+DP_ARGS=()
+((VLLM_DP == 1)) || DP_ARGS=(--data-parallel-size "$VLLM_DP")
 resume_args "$OUTPUT_DIR"
 install_traps
 dry_run || mkdir -p "$SYNC_DIR"

@@ -1,5 +1,5 @@
 """The FastAPI app of ``aitlrt-serve``: one ``Proxy`` in ``app.state``, OpenAI-style errors, and the routers
-(model routes that record, trace routes, weight routes, health)."""
+(model routes that record, trace routes, weight routes, the forced settings, health)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from aitlrt_server.errors import ProxyError, error_response
 from aitlrt_server.proxy import Proxy
 from aitlrt_server.routes import health, models, traces, weights
+from aitlrt_server.routes import settings as settings_routes  # `settings` is create_app's argument
 from aitlrt_server.settings import ServeSettings
 
 
@@ -56,6 +57,6 @@ def create_app(settings: ServeSettings) -> FastAPI:
         message = err["msg"] if err["type"] == "invalid_value" else f"invalid '{param}': {err['msg']}"
         return error_response(400, message, param=param)
 
-    for router in (models.router, traces.router, weights.router, health.router):
+    for router in (models.router, traces.router, weights.router, settings_routes.router, health.router):
         app.include_router(router)
     return app

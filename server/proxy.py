@@ -86,6 +86,31 @@ class Proxy:
                     code="weight_update_failed",
                 )
 
+    async def probe(self, token_ids: list[int]) -> dict[str, Any]:
+        """The weight version and the served model's logprob of each of ``token_ids`` after the ones before it
+        (vLLM's prompt logprobs; none for the first token). Held like a call: a weight update waits for it."""
+        model = await self.model_for(None)
+        body = {"model": model, "prompt": token_ids, "max_tokens": 1, "prompt_logprobs": 0}
+        async with self.gate.generation(self.settings.request_timeout_s) as version:
+            status, content = await self.request("POST", "/v1/completions", body)
+        if status != 200:
+            raise ProxyError(
+                400 if status < 500 else 502,
+                f"vLLM answered the probe with {status}: {content[:500].decode(errors='replace')}",
+                code="probe_failed",
+            )
+        try:  # prompt_logprobs: one dict per prompt token (None for the first), keyed by token id
+            entries = json.loads(content)["choices"][0]["prompt_logprobs"][1:]
+            logprobs = [float(entry[str(t)]["logprob"]) for entry, t in zip(entries, token_ids[1:], strict=True)]
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise ProxyError(
+                502,
+                "vLLM's answer to the probe lacks the prompt logprobs of its tokens: "
+                + content[:300].decode(errors="replace"),
+                code="probe_failed",
+            ) from None
+        return {"weight_version": version, "model": model, "logprobs": logprobs}
+
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()

@@ -1,12 +1,22 @@
-"""The vLLM server behind the proxy: started and supervised as a child process, or attached to."""
+"""The vLLM server behind the proxy: started and supervised as a child process, or attached to.
+
+The child is a small guard (``python -m aitlrt_server.upstream FD CMD...``, ``_guard``) that runs vLLM in its
+process group and ends that group when aitlrt-serve ends in any way, SIGKILL and the OOM killer included: vLLM's
+engine-core processes do not watch their parent (a SIGKILLed API server leaves them running), so the group as a
+whole must go, and nothing runs in a SIGKILLed aitlrt-serve to do it.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
+import select
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from aitlrt.common.procs import free_port, tail, wait_http
@@ -39,7 +49,9 @@ class VLLMServer:
         self.python = python
         self.log_path = log_path or Path(f"vllm-{self.port}.log")
         self.proc: subprocess.Popen | None = None
+        """The guard: vLLM's exit status is its own, its pid the group's; see ``_guard``."""
         self.stopping = False
+        self._lifeline: int | None = None  # the write end of the guard's pipe; closed only when we are done
 
     @property
     def url(self) -> str:
@@ -64,15 +76,24 @@ class VLLMServer:
         env.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                self.command(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
-            )
+        read_end, self._lifeline = os.pipe()  # not inherited: only this process holds the write end
+        try:
+            with open(self.log_path, "ab") as log:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "aitlrt_server.upstream", str(read_end), *self.command()],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    start_new_session=True,
+                    pass_fds=(read_end,),
+                )
+        except BaseException:
+            os.close(self._lifeline)
+            self._lifeline = None
+            raise
+        finally:
+            os.close(read_end)
 
     def wait_healthy(self, timeout_s: float = 600.0) -> float:
         """Block until ``/health`` answers 200 (a progress line every 10 s); return seconds taken."""
@@ -99,15 +120,74 @@ class VLLMServer:
     def stop(self, grace_s: float = 20.0) -> None:
         """Terminate the whole process group (engine workers included)."""
         self.stopping = True
-        if self.proc is None or self.proc.poll() is not None:
-            return
         try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-        except ProcessLookupError:
-            return
-        with contextlib.suppress(ProcessLookupError):  # engine workers share the group: none may outlive it
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10.0)
+            if self.proc is None or self.proc.poll() is not None:
+                return
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+            except ProcessLookupError:
+                return
+            with contextlib.suppress(ProcessLookupError):  # engine workers share the group: none may outlive it
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10.0)
+        finally:
+            if self._lifeline is not None:
+                os.close(self._lifeline)
+                self._lifeline = None
+
+
+GUARD_GRACE_S = 5.0  # from SIGTERM to SIGKILL of vLLM's group once aitlrt-serve is gone
+
+
+def _parent_death_signal(sig: int) -> Callable[[], object] | None:
+    """A ``preexec_fn`` that makes the child get ``sig`` when its parent (thread) dies: Linux's
+    ``prctl(PR_SET_PDEATHSIG)``; elsewhere None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork
+    pr_set_pdeathsig = 1
+    return lambda: prctl(pr_set_pdeathsig, sig, 0, 0, 0)
+
+
+def _guard(argv: list[str]) -> int:
+    """``python -m aitlrt_server.upstream FD CMD...``: run CMD (vLLM) in this process group, the guard's own session,
+    until it exits, and end the group when aitlrt-serve ends.
+
+    * aitlrt-serve gone (FD, the read end of a pipe only it writes to, reads EOF: however it ended): SIGTERM to the
+      group, SIGKILL to it (this process included) once vLLM has exited or after ``GUARD_GRACE_S``.
+    * ``VLLMServer.stop`` signals the whole group: this process ignores SIGTERM and SIGINT and waits for vLLM.
+    * vLLM exits: SIGTERM to the group (engine cores whose API server died), then exit with vLLM's status (a
+      signal is raised again, so that the status reads the same).
+    * The guard itself killed: vLLM gets SIGTERM (a parent-death signal, Linux) and stops its engine cores.
+    """
+    lifeline, cmd = int(argv[0]), argv[1:]
+    # preexec_fn is safe here: this process runs no other thread
+    child = subprocess.Popen(cmd, preexec_fn=_parent_death_signal(signal.SIGTERM))
+    for sig in (signal.SIGTERM, signal.SIGINT):  # after the start: vLLM must not inherit the ignoring
+        signal.signal(sig, signal.SIG_IGN)
+    group = os.getpgrp()
+    while child.poll() is None:
+        ready, _, _ = select.select([lifeline], [], [], 0.2)
+        if ready and not os.read(lifeline, 4096):
+            print("[aitlrt-serve] aitlrt-serve is gone: stopping vLLM", file=sys.stderr, flush=True)
+            os.killpg(group, signal.SIGTERM)
+            deadline = time.monotonic() + GUARD_GRACE_S
+            while child.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            os.killpg(group, signal.SIGKILL)  # stragglers, and this process
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(group, signal.SIGTERM)
+    code = child.returncode
+    if code < 0:
+        if -code != signal.SIGKILL:
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        return 128 - code  # a signal whose default is not to terminate
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(_guard(sys.argv[1:]))

@@ -6,7 +6,10 @@ a list, one entry per rollout, with the rollout's results added by ``aitlrt.rewa
 reward function composes with these, and these work on any task dataset with the SWE-bench columns. Grading and
 similarity run concurrently (threads driving sandboxed test processes; a process pool for the CPU-bound
 similarity) and every one is bounded by a timeout: a reward never blocks a step indefinitely. A rollout whose
-agent failed (timeout, crash, agent error) scores 0 everywhere.
+agent failed (timeout, crash, agent error) scores 0 everywhere, without grading. In training, a rollout that failed
+outside the policy (``aitlrt.rollout.runner.infrastructure_failure``: ``agent_error``, or ``crashed`` before any
+answered call) is unscorable instead: the trainer makes all its rewards NaN, whatever the functions returned, so
+it leaves its group's baseline; here (evaluation, ``aitlrt rollout --rewards``) it stays a 0.
 """
 
 from __future__ import annotations

@@ -1,4 +1,13 @@
-"""Run many agents at once, each in a private workspace, and judge each rollout from its patch and trace."""
+"""Run many agents at once, each in a private workspace, and judge each rollout from its patch and trace.
+
+A rollout's status says whose failure it was. Failures of the policy: ``timeout``, ``call_limit``, ``no_patch``,
+and ``crashed`` after answered calls (the agent died on what the policy wrote); rewards score them (0 for the
+built-ins). Failures outside the policy (``infrastructure_failure``), which say nothing about it: ``agent_error``
+(an exception around the agent: proxy unreachable, no workspace; no call answered: every call errored or none
+reached the proxy; the agent's last call failed with a server error, 5xx, so the server ended the rollout) and
+``crashed`` before any answered call (the agent could not start). The trainer makes every reward of such a
+rollout NaN: it leaves its group's baseline and trains nothing.
+"""
 
 from __future__ import annotations
 
@@ -43,10 +52,21 @@ class RolloutOutcome:
     """queue_s, workspace_s, agent_s, diff_s, total_s."""
     trace: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
+    @property
+    def unscorable(self) -> bool:
+        """Failed for reasons outside the policy (``infrastructure_failure``)."""
+        return infrastructure_failure(self.status, self.calls)
+
     def summary(self) -> dict[str, Any]:
         row = asdict(self)
         row.pop("trace")
         return row
+
+
+def infrastructure_failure(status: str, answered_calls: int) -> bool:
+    """Whether a rollout with ``status`` and ``answered_calls`` failed for reasons outside the policy (see the
+    module docstring): ``agent_error``, or ``crashed`` before any call was answered."""
+    return status == "agent_error" or (status == "crashed" and answered_calls == 0)
 
 
 def judge(
@@ -58,8 +78,14 @@ def judge(
     """The outcome from facts, not from the agent's exit code alone (Aider exits 0 on failure)."""
     answered = [c for c in trace if c.get("status") == 200]
     failed = [c for c in trace if c.get("status") != 200]
+    last = max(trace, key=lambda c: c.get("call_index", 0)) if trace else {}
     if error is not None:
         return "agent_error", error
+    if (last.get("status") or 0) >= 500:
+        return "agent_error", (
+            f"the server failed the last call after {len(answered)} answered calls "
+            f"({last['status']}: {last.get('error')})"
+        )
     assert exit is not None
     if exit.timed_out:
         return "timeout", f"killed after {exit.seconds:.0f}s with {len(answered)} answered calls"

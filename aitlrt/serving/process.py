@@ -53,7 +53,7 @@ class ServeProcess:
             raise
 
     def kill(self) -> None:
-        """SIGKILL the proxy alone, as a crash would (a supervised vLLM is left orphaned: use with --upstream)."""
+        """SIGKILL the proxy alone, as a crash would (a vLLM it started is then stopped by its guard)."""
         if self.proc is not None:
             self.proc.kill()
             self.proc.wait()

@@ -10,6 +10,10 @@ from trl import GRPOConfig
 
 from aitlrt.common.resources import rollout_concurrency
 
+IMPORTANCE_SAMPLING_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+ROW_NORMALISED_LOSSES = ("grpo", "sapo", "luspo", "dr_grpo")
+"""trl's loss types normalised per row (mean over the micro-batch's rows); the others count tokens."""
+
 
 @dataclass
 class AgentGRPOConfig(GRPOConfig):
@@ -17,6 +21,13 @@ class AgentGRPOConfig(GRPOConfig):
 
     Sampling (``temperature``, ``top_p``, ``top_k``, ``max_completion_length`` per call) is forced by the proxy;
     with a managed server ``train.py`` passes these very values to it, so trainer and sampler agree.
+
+    trl's options are honoured on the rows of the recorded calls or refused here with the reason:
+    ``vllm_importance_sampling_*`` correct against the sampler logprobs of the record (although ``use_vllm`` is
+    off: the proxy owns vLLM); a "sequence" of the sequence-level modes is a whole rollout (all its rows), as its
+    reward is; ``mask_truncated_completions`` masks every row of a rollout with a trained call cut at
+    ``max_completion_length``; ``log_completions`` logs one entry per rollout (prompt: task id and problem
+    statement; completion: the final patch).
     """
 
     proxy_url: str = field(default="", metadata={"help": "aitlrt-serve URL (set by train.py in managed mode)"})
@@ -33,7 +44,7 @@ class AgentGRPOConfig(GRPOConfig):
         metadata={"help": "reuse a finished rollout's repository copy, reset and checked pristine, for the next one"},
     )
     context_window: int = field(default=8192, metadata={"help": "context window told to the agent"})
-    max_row_tokens: int = field(default=8192, metadata={"help": "tokens per training row; longer rows are cut"})
+    max_row_tokens: int = field(default=8192, metadata={"help": "tokens per training row; longer rows become windows"})
     include_non_policy_calls: bool = field(
         default=False, metadata={"help": "also train on tagged calls (Aider's weak-model summaries)"}
     )
@@ -55,13 +66,47 @@ class AgentGRPOConfig(GRPOConfig):
     weight_version_check: str = field(
         default="error", metadata={"help": "error or warn when rows were sampled by an unexpected weight version"}
     )
-    importance_sampling_cap: float | None = field(
-        default=3.0, metadata={"help": "truncated IS weight exp(trainer - sampler logprob) per token; None: off"}
+    vllm_importance_sampling_mode: str = field(
+        default="token_truncate",
+        metadata={
+            "help": "importance sampling against the recorded sampler logprobs (with "
+            "vllm_importance_sampling_correction, computed as trl does): token_truncate, token_mask, "
+            "sequence_truncate or sequence_mask, bounded by vllm_importance_sampling_clip_min/max. Default "
+            "token_truncate (trl's is sequence_mask): a rollout is thousands of sampled tokens over many calls, and "
+            "a sequence ratio, the product of their per-token ratios, would mask or clip nearly every rollout for "
+            "a small per-token trainer/sampler mismatch; truncated per-token weights min(exp(trainer - sampler), "
+            "3) keep every token's signal"
+        },
+    )
+    mask_truncated_completions: bool = field(
+        default=False,
+        metadata={
+            "help": "no loss on a rollout of which a trained call was cut at max_completion_length (finish reason "
+            "length); it still counts in its group's baseline"
+        },
     )
     save_rollouts: bool = field(default=True, metadata={"help": "write OUTPUT/rollouts/step_XXXX.jsonl"})
+    weight_probe: bool = field(
+        default=True,
+        metadata={
+            "help": "before the first generation and after every sync, check that the server scores a fixed "
+            "probe as the policy does (aitlrt.training.probe); False: off"
+        },
+    )
+    weight_probe_tolerance: float = field(
+        default=0.25,
+        metadata={
+            "help": "largest mean |server - trainer| probe logprob gap, nats/token (bf16 vLLM CPU vs fp32 "
+            "trainer: 0.03-0.09 measured; GPU unmeasured)"
+        },
+    )
 
     def __post_init__(self) -> None:
-        self.use_vllm = False  # generation is the agents'; the proxy owns vLLM
+        if self.use_vllm:
+            raise ValueError(
+                "use_vllm=True: AITLRT's generation is the agents', through aitlrt-serve, which runs vLLM; leave "
+                "use_vllm off (vllm_importance_sampling_* still apply, against the recorded sampler logprobs)"
+            )
         if self.rollout_concurrency is None:
             self.rollout_concurrency = rollout_concurrency()
         self.remove_unused_columns = False  # task columns must reach the rollouts and the rewards
@@ -79,6 +124,49 @@ class AgentGRPOConfig(GRPOConfig):
             )
         if self.weight_version_check not in ("error", "warn"):
             raise ValueError(f"weight_version_check must be error or warn, got {self.weight_version_check!r}")
+        self._refuse_unsupported()
+
+    def _refuse_unsupported(self) -> None:
+        """Refuse the trl settings this trainer cannot honour, saying why and what to use instead."""
+        for name, unset in (
+            ("min_p", self.min_p is None),
+            ("repetition_penalty", self.repetition_penalty == 1.0),
+            ("generation_kwargs", not self.generation_kwargs),
+        ):
+            if not unset:
+                raise ValueError(
+                    f"{name} is set, but aitlrt-serve, not trl, samples: it forces only temperature, top_p, top_k "
+                    "and max_completion_length from this config. Leave it unset here and give the server its own "
+                    "flag (aitlrt-serve --min-p / --repetition-penalty; with serve: managed, through serve_args)"
+                )
+        if self.vllm_importance_sampling_mode not in IMPORTANCE_SAMPLING_MODES:
+            raise ValueError(
+                f"vllm_importance_sampling_mode must be one of {', '.join(IMPORTANCE_SAMPLING_MODES)}, "
+                f"got {self.vllm_importance_sampling_mode!r}"
+            )
+        if self.multi_objective_aggregation not in ("sum_then_normalize", "normalize_then_sum"):
+            raise ValueError(
+                "multi_objective_aggregation must be sum_then_normalize or normalize_then_sum, "
+                f"got {self.multi_objective_aggregation!r}"
+            )
+        if (
+            self.loss_type == "vespo"
+            and self.vllm_importance_sampling_correction
+            and not self.vllm_importance_sampling_mode.startswith("token")
+        ):
+            raise ValueError(
+                "loss_type=vespo folds per-token importance ratios into its own sequence weight (trl's rule): set "
+                "vllm_importance_sampling_mode to token_truncate or token_mask, or "
+                "vllm_importance_sampling_correction=False"
+            )
+        if self.beta != 0.0 and self.loss_type in ROW_NORMALISED_LOSSES:
+            raise ValueError(
+                f"beta={self.beta} with loss_type={self.loss_type}: trl averages this loss per row, and a rollout "
+                "becomes a varying number of rows (plus zero-loss padding rows); the trainer reweights the policy "
+                "term per rollout through the advantages, but the KL term carries no advantage, so a rollout's KL "
+                "weight would depend on how its calls were split. Use beta with a token-normalised loss_type "
+                "(dapo, bnpo, cispo or vespo), or beta=0"
+            )
 
 
 @dataclass

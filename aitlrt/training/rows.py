@@ -4,8 +4,15 @@ A call whose prompt extends the current row's tokens (prompt + everything append
 row: the new prompt tokens as context (mask 0), then its sampled tokens (mask 1). Any other call (Aider's
 summaries rewrite the history; the chat template may re-render an earlier answer differently from what was
 sampled) starts a new row. Calls that failed, or that are not the policy's main turn (tagged, e.g. ``weak``),
-are skipped unless asked for. Rows longer than ``max_length`` lose their tail (the mask stays aligned); a row
-whose prompt alone is too long is dropped. Both are counted.
+are skipped unless asked for.
+
+A row longer than ``max_length`` is split into windows, so that every sampled token is still trained exactly
+once: each window trains the next chunk of the row (from a sampled token to a sampled token) and carries as
+``prompt_ids`` the true preceding tokens, as many as fit (at least ``context`` of them where the row has that
+many), so it is scored on the sequence it was sampled from, cut at the front. A call whose prompt alone exceeds
+``max_length`` is no exception: its sampled tokens are trained after the last tokens of its prompt, as in every
+later window of a long row. Nothing is dropped; the trainer's logprob of a token whose context was cut differs
+from the sampler's (the importance-sampling weight and ``logprob_gap`` see it).
 """
 
 from __future__ import annotations
@@ -47,15 +54,23 @@ class RowStats:
     calls: int = 0
     used_calls: int = 0
     skipped_failed: int = 0
+    """Calls that failed or came without a logprob per sampled token."""
     skipped_tagged: int = 0
+    skipped_unscorable: int = 0
+    """Calls of rollouts that failed outside the policy (set by the trainer, which skips those rollouts)."""
     new_rows: int = 0
-    truncated_rows: int = 0
-    truncated_tokens: int = 0
-    dropped_rows: int = 0
+    split_rows: int = 0
+    """Rows longer than ``max_length``, split into windows."""
+    windows: int = 0
+    """The rows those became."""
 
     def add(self, other: RowStats) -> None:
         for name in self.__dataclass_fields__:
             setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+Span = tuple[int, int, int]
+"""A call's sampled tokens in its row's ``tokens``: start, end, weight version."""
 
 
 def _usable(call: dict[str, Any]) -> bool:
@@ -64,11 +79,19 @@ def _usable(call: dict[str, Any]) -> bool:
 
 
 def build_rows(
-    calls: Iterable[dict[str, Any]], max_length: int | None = None, include_tagged: bool = False
+    calls: Iterable[dict[str, Any]],
+    max_length: int | None = None,
+    include_tagged: bool = False,
+    context: int | None = None,
 ) -> tuple[list[Row], RowStats]:
-    """Rows of one rollout from its recorded calls (in call order)."""
+    """Rows of one rollout from its recorded calls (in call order), each at most ``max_length`` tokens; a longer
+    row becomes windows with at least ``context`` tokens of context (default: half of ``max_length``)."""
+    if max_length is not None:
+        context = max_length // 2 if context is None else context
+        if not 1 <= context < max_length:
+            raise ValueError(f"need 1 <= context < max_length, got context={context}, max_length={max_length}")
     stats = RowStats()
-    rows: list[Row] = []
+    chains: list[tuple[Row, list[Span]]] = []
     for call in sorted(calls, key=lambda c: c["call_index"]):
         stats.calls += 1
         if not _usable(call):
@@ -79,26 +102,48 @@ def build_rows(
             continue
         stats.used_calls += 1
         prompt, completion = list(call["prompt_token_ids"]), list(call["completion_token_ids"])
-        current = rows[-1] if rows else None
-        held = current.tokens if current else []
-        if current and len(prompt) >= len(held) and prompt[: len(held)] == held:
-            current.append(prompt[len(held) :], completion, call["logprobs"], call["weight_version"])
+        held = chains[-1][0].tokens if chains else []
+        if chains and len(prompt) >= len(held) and prompt[: len(held)] == held:
+            row, spans = chains[-1]
+            row.append(prompt[len(held) :], completion, call["logprobs"], call["weight_version"])
         else:
-            row = Row(prompt)
+            row, spans = Row(prompt), []
             row.append([], completion, call["logprobs"], call["weight_version"])
-            rows.append(row)
+            chains.append((row, spans))
             stats.new_rows += 1
-    return [r for r in (_fit(r, max_length, stats) for r in rows) if r is not None], stats
+        spans.append((len(prompt), len(prompt) + len(completion), call["weight_version"]))
+    rows: list[Row] = []
+    for row, spans in chains:
+        if max_length is None or context is None or len(row.tokens) <= max_length:
+            rows.append(row)
+            continue
+        windows = _windows(row, spans, max_length, context)
+        stats.split_rows += 1
+        stats.windows += len(windows)
+        rows += windows
+    return rows, stats
 
 
-def _fit(row: Row, max_length: int | None, stats: RowStats) -> Row | None:
-    if max_length is None or len(row.tokens) <= max_length:
-        return row
-    room = max_length - len(row.prompt_ids)
-    if room <= 0 or sum(row.mask[:room]) == 0:
-        stats.dropped_rows += 1
-        return None
-    stats.truncated_rows += 1
-    stats.truncated_tokens += len(row.completion_ids) - room
-    row.completion_ids, row.mask, row.logprobs = row.completion_ids[:room], row.mask[:room], row.logprobs[:room]
-    return row
+def _windows(row: Row, spans: list[Span], max_length: int, context: int) -> list[Row]:
+    """``row`` as consecutive windows of at most ``max_length`` tokens (see the module docstring)."""
+    tokens, offset = row.tokens, len(row.prompt_ids)
+    sampled = [0] * offset + row.mask
+    windows, start = [], offset
+    while (start := next((i for i in range(start, len(tokens)) if sampled[i]), len(tokens))) < len(tokens):
+        end = min(len(tokens), start + max_length - min(context, start))
+        while not sampled[end - 1]:
+            end -= 1
+        inside = [version for first, last, version in spans if first < end and last > start]
+        chunk = slice(start - offset, end - offset)
+        windows.append(
+            Row(
+                tokens[max(0, end - max_length) : start],
+                row.completion_ids[chunk],
+                row.mask[chunk],
+                row.logprobs[chunk],
+                set(inside),
+                len(inside),
+            )
+        )
+        start = end
+    return windows

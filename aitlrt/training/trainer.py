@@ -8,15 +8,28 @@ advantages into per-token advantages on rows built from the exact recorded token
 every rank to the same row count (ZeRO-3 and trl's gathers need equal shapes; padding rows carry no loss), and hand
 trl's loss the batch it expects.
 
-Importance sampling: trl only corrects for the sampler when it runs vLLM itself, so the trainer does it here:
-each token's advantage is multiplied by ``min(exp(trainer - sampler logprob), cap)``, which for a positive
-weight is exactly trl's truncated token-level correction of the clipped objective.
+Importance sampling: trl corrects for the sampler only when it runs vLLM itself, so ``_batch`` computes trl's
+``vllm_importance_sampling_*`` ratio against the recorded sampler logprobs (a sequence-level ratio spans the whole
+rollout) and multiplies each token's advantage by it: trl multiplies the per-token loss by that ratio (>= 0), and
+every trl loss is positively homogeneous in the advantage, so the loss is trl's; ``vespo``, which folds the ratio
+into its own weight, gets it as trl's ``importance_sampling_ratio`` instead.
+
+A rollout weighs in the loss as one of trl's completions, however many rows it became and however many
+zero-loss padding rows its rank got (``_rollout_weights`` scales the rows' advantages):
+- ``dapo``, ``cispo``, ``vespo``: each trained token 1 / (trained tokens of the generation batch, all ranks);
+  ``bnpo``: 1 / (trained tokens of the micro-batch). trl's own normalisers; rows and padding do not enter.
+- ``grpo``, ``sapo``: the rollout's token-mean loss (over all its rows) 1 / (rollouts per micro-batch).
+- ``luspo``: the rollout's token-sum loss 1 / (rollouts per micro-batch); ``dr_grpo``: 1 / (rollouts per
+  micro-batch x ``max_completion_length``).
+With ``beta != 0`` (token-normalised losses only, ``AgentGRPOConfig``) the KL term is weighted per token as the
+policy term is.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import statistics
 import time
 import uuid
@@ -27,14 +40,16 @@ from typing import Any, cast
 import torch
 from accelerate.utils import gather, gather_object
 from trl import GRPOTrainer
-from trl.trainer.utils import pad
+from trl.models.utils import disable_gradient_checkpointing
+from trl.trainer.utils import nanmax, nanmin, pad, use_adapter
 
 from aitlrt.rewards.inputs import reward_row
 from aitlrt.rollout.agents import AgentTask, make_agent
-from aitlrt.rollout.runner import RolloutOutcome, RolloutRequest, RolloutRunner
+from aitlrt.rollout.runner import RolloutOutcome, RolloutRequest, RolloutRunner, infrastructure_failure
 from aitlrt.tasks.task import Task, task_from_row
-from aitlrt.training.advantages import group_advantages
-from aitlrt.training.config import AgentGRPOConfig
+from aitlrt.training.advantages import rollout_advantages
+from aitlrt.training.config import ROW_NORMALISED_LOSSES, AgentGRPOConfig
+from aitlrt.training.probe import check_sampling, make_weight_probe
 from aitlrt.training.rows import Row, RowStats, build_rows
 from aitlrt.training.weight_sync import make_weight_sync, proxy_request
 
@@ -58,6 +73,7 @@ class AgentGRPOTrainer(GRPOTrainer):
         self.weight_sync = make_weight_sync(self.args)
         self.weight_version = -1
         self._synced_step = self.state.global_step  # the server starts with the initial weights
+        self.weight_probe = make_weight_probe(self.args, self._tokenizer)  # None: weight_probe=False
         self._tasks: dict[str, Task] = {}
         self._checkouts: dict[str, tuple[Path, str]] = {}
         self._runner: RolloutRunner | None = None  # one for the whole run: it keeps the recycled workspaces
@@ -65,14 +81,25 @@ class AgentGRPOTrainer(GRPOTrainer):
 
     # ---- the weight sync ---------------------------------------------------------------------------------------
     def sync_weights(self) -> float:
-        """Push the current policy to the server (every rank calls) and learn the new weight version; the seconds
-        it took."""
+        """Push the current policy to the server (every rank calls), learn the new weight version and check that the
+        server now serves the policy (the weight probe); the seconds it took."""
         started = time.monotonic()
         version = self.weight_sync.sync(self)
         if version is not None:
             self.weight_version = version
+            self._probe_weights()
         self._synced_step = self.state.global_step
         return time.monotonic() - started
+
+    def _probe_weights(self) -> None:
+        """Fail unless the server scores the probe as the policy does (``aitlrt.training.probe``; every rank calls);
+        log the gap."""
+        if self.weight_probe is None:
+            return
+        mode = "train" if cast(torch.nn.Module, self.model).training else "eval"
+        gap = self.weight_probe.check(self, self.weight_version)
+        self._metrics[mode]["weight_probe/mean_gap"].append(gap.mean)
+        self._metrics[mode]["weight_probe/max_gap"].append(gap.max)
 
     # ---- one generation step ---------------------------------------------------------------------------------
     def _task(self, row: dict[str, Any]) -> Task:
@@ -116,9 +143,15 @@ class AgentGRPOTrainer(GRPOTrainer):
             self.agent.close()
 
     def _connect(self) -> None:
+        """At the first generation: check that the server forces the config's sampling and, unless a sync comes
+        first, serves the policy; learn the weight version and the served model."""
         if not self._served_model:
-            self._served_model = proxy_request(self.proxy_url, "GET", "/v1/models").json()["data"][0]["id"]
+            forced = proxy_request(self.proxy_url, "GET", "/settings").json()["sampling"]
+            check_sampling(self.args, forced, self.proxy_url)
             self.weight_version = proxy_request(self.proxy_url, "GET", "/weights").json()["weight_version"]
+            if self.state.global_step == self._synced_step:  # else the sync before this generation probes
+                self._probe_weights()
+            self._served_model = proxy_request(self.proxy_url, "GET", "/v1/models").json()["data"][0]["id"]
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         mode = "train" if cast(torch.nn.Module, self.model).training else "eval"
@@ -132,17 +165,24 @@ class AgentGRPOTrainer(GRPOTrainer):
         prompts = [row["prompt"] for row in inputs]
         completions = [o.patch for o in outcomes]
         rewards_per_func = self._calculate_rewards(scored, prompts, completions, [[] for _ in inputs])
+        # A rollout that failed outside the policy (runner.infrastructure_failure) is unscorable: NaN leaves the
+        # group's baseline and gets advantage 0; ``_rows`` trains none of its tokens.
+        unscorable = gather(torch.tensor([int(o.unscorable) for o in outcomes], device=rewards_per_func.device))
+        rewards_per_func[unscorable.bool()] = torch.nan
         weighted = (rewards_per_func * self.reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
         weighted[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
         group = cast(int, self.num_generations if mode == "train" else self.num_generations_eval)  # set by trl
-        advantages, zero_std = group_advantages(weighted, group, self.scale_rewards)
+        advantages, zero_std = rollout_advantages(
+            rewards_per_func, weighted, self.reward_weights, group, self.scale_rewards, self.multi_objective_aggregation
+        )
         local = slice(self.accelerator.process_index * len(inputs), (self.accelerator.process_index + 1) * len(inputs))
         t3 = time.monotonic()
 
         rows, owners, stats = self._rows(outcomes)
-        batch, gap = self._batch(rows, owners, advantages[local].tolist(), mode)
+        batch, gap = self._batch(rows, owners, advantages[local].tolist(), mode, self._truncated(outcomes))
         t4 = time.monotonic()
         self._log_step(mode, group, outcomes, rows, stats, rewards_per_func, weighted, zero_std, batch, gap)
+        self._record_completions(mode, inputs, outcomes, rewards_per_func, advantages)
         self._metrics[mode]["time/sync_s"].append(sync_s)
         self._metrics[mode]["time/rollouts_s"].append(t2 - t1)
         self._metrics[mode]["time/rewards_s"].append(t3 - t2)
@@ -155,6 +195,9 @@ class AgentGRPOTrainer(GRPOTrainer):
     def _rows(self, outcomes: list[RolloutOutcome]) -> tuple[list[Row], list[int], RowStats]:
         rows, owners, stats = [], [], RowStats()
         for i, outcome in enumerate(outcomes):
+            if outcome.unscorable:
+                stats.skipped_unscorable += len(outcome.trace)
+                continue
             built, s = build_rows(outcome.trace, self.args.max_row_tokens, self.args.include_non_policy_calls)
             stats.add(s)
             rows += built
@@ -171,11 +214,13 @@ class AgentGRPOTrainer(GRPOTrainer):
         return rows, owners, stats
 
     def _batch(
-        self, rows: list[Row], owners: list[int], advantages: list[float], mode: str
+        self, rows: list[Row], owners: list[int], advantages: list[float], mode: str, truncated: set[int] | None = None
     ) -> tuple[dict[str, Any], torch.Tensor | None]:
-        """trl's batch for ``rows``, padded with zero-loss rows to the same count on every rank (a multiple of
-        ``steps_per_generation`` in training, so trl's split drops nothing); and, with importance sampling, each
-        token's ``|trainer - sampler logprob|`` (0 where no loss)."""
+        """trl's batch for ``rows`` (row i belongs to local rollout ``owners[i]``, of advantage
+        ``advantages[owners[i]]``; the rows of the rollouts in ``truncated`` get no loss), padded with zero-loss rows
+        to the same count on every rank (a multiple of ``steps_per_generation`` in training, so trl's split drops
+        nothing); and, where the trainer's logprobs were computed, each token's ``|trainer - sampler logprob|``
+        (0 where no loss)."""
         device = self.accelerator.device
         counts = gather(torch.tensor([len(rows)], device=device))
         target = max(1, int(counts.max()))
@@ -183,16 +228,24 @@ class AgentGRPOTrainer(GRPOTrainer):
         target = -(-target // chunks) * chunks
         pad_id = self._tokenizer.pad_token_id
         padding = [Row([pad_id], [pad_id], [0], [0.0]) for _ in range(target - len(rows))]
+        owner = torch.tensor(owners + [-1] * len(padding), device=device)
         row_adv = [advantages[o] for o in owners] + [0.0] * len(padding)
         rows = rows + padding
-        prompt_ids = pad([torch.tensor(r.prompt_ids) for r in rows], pad_id, "left").to(device)
-        prompt_mask = pad([torch.ones(len(r.prompt_ids), dtype=torch.long) for r in rows], 0, "left").to(device)
-        completion_ids = pad([torch.tensor(r.completion_ids) for r in rows], pad_id).to(device)
-        completion_mask = pad([torch.ones(len(r.completion_ids), dtype=torch.long) for r in rows], 0).to(device)
-        tool_mask = pad([torch.tensor(r.mask, dtype=torch.long) for r in rows], 0).to(device)
-        sampler = pad([torch.tensor(r.logprobs, dtype=torch.float32) for r in rows], 0).to(device)
+        multiple = cast(int | None, self.pad_to_multiple_of)  # GRPOConfig resolves "auto"
+        prompt_ids = pad([torch.tensor(r.prompt_ids) for r in rows], pad_id, "left", multiple).to(device)
+        prompt_mask = pad([torch.ones(len(r.prompt_ids), dtype=torch.long) for r in rows], 0, "left", multiple)
+        completion_ids = pad([torch.tensor(r.completion_ids) for r in rows], pad_id, "right", multiple).to(device)
+        completion_mask = pad([torch.ones(len(r.completion_ids), dtype=torch.long) for r in rows], 0, "right", multiple)
+        prompt_mask, completion_mask = prompt_mask.to(device), completion_mask.to(device)
+        tool_mask = pad([torch.tensor(r.mask, dtype=torch.long) for r in rows], 0, "right", multiple).to(device)
+        if truncated:
+            tool_mask[torch.tensor([o in truncated for o in owner.tolist()], device=device)] = 0
+        sampler = pad([torch.tensor(r.logprobs, dtype=torch.float32) for r in rows], 0, "right", multiple).to(device)
         loss_mask = completion_mask * tool_mask
-        per_token_adv = torch.tensor(row_adv, device=device).unsqueeze(1).expand_as(sampler).clone()
+        per_token_adv = torch.tensor(row_adv, device=device).unsqueeze(1) * self._rollout_weights(
+            owner, loss_mask, len(advantages)
+        )
+        per_token_adv = per_token_adv.expand_as(sampler).contiguous()
         out: dict[str, Any] = {
             "prompt_ids": prompt_ids,
             "prompt_mask": prompt_mask,
@@ -202,22 +255,143 @@ class AgentGRPOTrainer(GRPOTrainer):
             "sampling_per_token_logps": sampler,
             "num_items_in_batch": gather(loss_mask.sum()).sum(),
         }
+        old, ref = self._fixed_logps(prompt_ids, prompt_mask, completion_ids, completion_mask, mode)
         gap = None
-        if self.args.importance_sampling_cap is not None:
-            with torch.no_grad():
-                old, _, _ = self._get_per_token_logps_and_entropies(
-                    self.model,
-                    torch.cat([prompt_ids, completion_ids], dim=1),
-                    torch.cat([prompt_mask, completion_mask], dim=1),
-                    completion_ids.size(1),
-                    batch_size=self.args.per_device_train_batch_size,
-                )
-            diff = (old - sampler) * loss_mask
+        if old is not None:
             out["old_per_token_logps"] = old
-            per_token_adv = per_token_adv * torch.exp(diff).clamp(max=self.args.importance_sampling_cap) * loss_mask
+            diff = torch.nan_to_num((old - sampler) * loss_mask, nan=0.0)
             gap = diff.abs()
+            if self.args.vllm_importance_sampling_correction:
+                ratio = self._importance_sampling_ratio(diff, owner, len(advantages))
+                self._log_importance_sampling(mode, ratio, loss_mask)
+                if self.loss_type == "vespo":
+                    out["importance_sampling_ratio"] = ratio  # trl folds it into VESPO's sequence weight
+                else:
+                    per_token_adv = per_token_adv * ratio  # = trl's per-token loss x ratio (module docstring)
+        if ref is not None:
+            out["ref_per_token_logps"] = ref
         out["advantages"] = per_token_adv
         return out, gap
+
+    def _fixed_logps(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        completion_ids: torch.Tensor,
+        completion_mask: torch.Tensor,
+        mode: str,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Per-token logprobs without gradient, chunked as trl does: the policy's (``old_per_token_logps``) where trl
+        computes them (importance sampling on, or generation not aligned with the optimizer steps: else trl's PPO
+        ratio is 1 by construction), and the reference's with ``beta != 0`` (the ref model; under PEFT the base
+        model, adapters disabled, or the adapter named ``ref``)."""
+        generate_every = cast(int, self.args.steps_per_generation) * self.num_iterations
+        needs_old = self.args.vllm_importance_sampling_correction or (
+            self.args.gradient_accumulation_steps % generate_every != 0
+        )
+        if not needs_old and self.beta == 0.0:
+            return None, None
+        ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention = torch.cat([prompt_mask, completion_mask], dim=1)
+        keep = completion_ids.size(1)
+        size = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
+        old = ref = None
+        policy, checkpointing = cast(Any, self.model), cast(Any, self.args.gradient_checkpointing_kwargs)
+        with torch.no_grad(), disable_gradient_checkpointing(policy, checkpointing):
+            if needs_old:
+                old = self._get_per_token_logps_and_entropies(self.model, ids, attention, keep, batch_size=size)[0]
+            if self.beta != 0.0 and self.ref_model is not None:
+                ref = self._get_per_token_logps_and_entropies(self.ref_model, ids, attention, keep, batch_size=size)[0]
+            elif self.beta != 0.0:
+                model = self.accelerator.unwrap_model(self.model)
+                with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
+                    ref = self._get_per_token_logps_and_entropies(self.model, ids, attention, keep, batch_size=size)[0]
+        return old, ref
+
+    def _importance_sampling_ratio(self, diff: torch.Tensor, owner: torch.Tensor, rollouts: int) -> torch.Tensor:
+        """trl's importance-sampling ratio for ``vllm_importance_sampling_mode`` and its clip bounds, from each
+        token's ``trainer - sampler`` logprob (0 where no loss): (B, T) in the token modes, (B, 1) in the sequence
+        modes, where a row's sequence is its whole rollout (``owner``: the rows' rollouts, -1 for padding)."""
+        args = self.args
+        if args.vllm_importance_sampling_mode.startswith("sequence"):
+            totals = torch.zeros(rollouts + 1, device=diff.device).index_add_(0, owner + 1, diff.sum(dim=1))
+            diff = totals[owner + 1].unsqueeze(1)
+        ratio = torch.exp(diff)
+        low, high = args.vllm_importance_sampling_clip_min, args.vllm_importance_sampling_clip_max
+        if args.vllm_importance_sampling_mode.endswith("truncate"):
+            return ratio.clamp(min=low, max=high)
+        outside = (ratio < (-math.inf if low is None else low)) | (ratio > (math.inf if high is None else high))
+        return ratio.masked_fill(outside, 0.0)
+
+    def _log_importance_sampling(self, mode: str, ratio: torch.Tensor, loss_mask: torch.Tensor) -> None:
+        """trl's ``sampling/importance_sampling_ratio/{min,mean,max}`` over the trained tokens (sequences)."""
+        trained = ratio[loss_mask.any(dim=1)].flatten() if ratio.size(1) == 1 else ratio[loss_mask.bool()]
+        local = torch.full((3,), math.nan, device=ratio.device)
+        if trained.numel():
+            local = torch.stack([trained.min(), trained.mean(), trained.max()])
+        everyone = gather(local.unsqueeze(0))
+        metrics = self._metrics[mode]
+        metrics["sampling/importance_sampling_ratio/min"].append(nanmin(everyone[:, 0]).item())
+        metrics["sampling/importance_sampling_ratio/mean"].append(everyone[:, 1].nanmean().item())
+        metrics["sampling/importance_sampling_ratio/max"].append(nanmax(everyone[:, 2]).item())
+
+    def _rollout_weights(self, owner: torch.Tensor, loss_mask: torch.Tensor, rollouts: int) -> torch.Tensor:
+        """(B, 1) factors on the rows' advantages that weigh each of the ``rollouts`` as one of trl's completions
+        in the row-normalised losses (module docstring): trl divides by the rows of a micro-batch, padding
+        included, where a rollout should count as one of its rollouts; and under ``grpo``/``sapo`` a row's
+        token-mean counts for its share of the rollout's trained tokens. 1 for the token-normalised losses."""
+        weights = torch.ones(owner.size(0), 1, device=owner.device)
+        if self.loss_type not in ROW_NORMALISED_LOSSES:
+            return weights
+        weights *= owner.size(0) / rollouts  # = rows per micro-batch / rollouts per micro-batch
+        if self.loss_type in ("grpo", "sapo"):
+            tokens = loss_mask.sum(dim=1).float()
+            per_rollout = torch.zeros(rollouts + 1, device=owner.device).index_add_(0, owner + 1, tokens)
+            weights *= (tokens / per_rollout[owner + 1].clamp(min=1.0)).unsqueeze(1)
+        return weights
+
+    def _truncated(self, outcomes: list[RolloutOutcome]) -> set[int]:
+        """With ``mask_truncated_completions``: the rollouts of which a trained call was cut at
+        ``max_completion_length`` (finish reason ``length``), to get no loss as trl's truncated completions."""
+        if not self.mask_truncated_completions:
+            return set()
+        trained = (lambda call: not call.get("tag")) if not self.args.include_non_policy_calls else (lambda call: True)
+        return {
+            i
+            for i, outcome in enumerate(outcomes)
+            if any(call.get("finish_reason") == "length" and trained(call) for call in outcome.trace)
+        }
+
+    def _record_completions(
+        self,
+        mode: str,
+        inputs: list[dict[str, Any]],
+        outcomes: list[RolloutOutcome],
+        rewards_per_func: torch.Tensor,
+        advantages: torch.Tensor,
+    ) -> None:
+        """What trl's own generation step logs: with ``log_completions`` the completions table, one entry per rollout
+        (prompt: task id and problem statement; completion: the final patch; rewards and advantage gathered over
+        ranks), with the columns reward functions queued through ``log_extra``; and the metrics they queued through
+        ``log_metric``, averaged over ranks (every rank calls)."""
+        if self.log_completions:
+            logs = cast(dict[str, Any], self._logs)
+            prompts = [f"{self._task(row).instance_id}: {self._task(row).problem_statement}" for row in inputs]
+            logs["prompt"].extend(gather_object(prompts))
+            logs["completion"].extend(gather_object([o.patch for o in outcomes]))
+            for i, name in enumerate(self.reward_func_names):
+                logs["rewards"][name].extend(rewards_per_func[:, i].tolist())
+            logs["advantages"].extend(advantages.tolist())
+            for column in sorted(set(gather_object(list(self._pending_extra_logs)))):  # same order on every rank
+                values = self._pending_extra_logs.get(column, [None] * len(inputs))
+                logs["extra"][column].extend(gather_object(values))
+        self._pending_extra_logs.clear()
+        for name in sorted(set(gather_object(list(self._pending_metrics)))):
+            values = self._pending_metrics.get(name, [])
+            local = torch.tensor([sum(values), len(values)], dtype=torch.float32, device=self.accelerator.device)
+            total, count = gather(local).view(-1, 2).sum(dim=0).tolist()
+            self._metrics[mode][name].append(total / count)
+        self._pending_metrics.clear()
 
     # ---- observability ---------------------------------------------------------------------------------------
     def _log_step(
@@ -241,30 +415,30 @@ class AgentGRPOTrainer(GRPOTrainer):
                 metrics[f"rewards/{name}/median"].append(statistics.median(values))
                 metrics[f"rewards/{name}/std"].append(statistics.pstdev(values))
         metrics["reward"].append(torch.nanmean(weighted).item())
-        metrics["reward_std"].append(float(torch.std(torch.nan_to_num(weighted))))
+        scorable = weighted[~torch.isnan(weighted)]
+        metrics["reward_std"].append(scorable.std().item() if scorable.numel() > 1 else float("nan"))
         metrics["frac_reward_zero_std"].append(zero_std.float().mean().item())
         metrics["zero_variance_groups"].append(float(zero_std.view(-1, group)[:, 0].sum()))
         everyone = [o for chunk in gather_object([[o.summary() for o in outcomes]]) for o in chunk]
         statuses = Counter(o["status"] for o in everyone)
         for status in ("ok", "no_patch", "timeout", "call_limit", "agent_error", "crashed"):
             metrics[f"rollouts/{status}"].append(statuses.get(status, 0) / len(everyone))
+        metrics["rollouts/unscorable"].append(sum(infrastructure_failure(o["status"], o["calls"]) for o in everyone))
         metrics["rollouts/calls_mean"].append(statistics.fmean(o["calls"] for o in everyone))
         metrics["rollouts/completion_tokens_mean"].append(statistics.fmean(o["completion_tokens"] for o in everyone))
         metrics["rollouts/non_empty_patch_rate"].append(statistics.fmean(bool(o["patch"].strip()) for o in everyone))
-        totals = (
-            gather(
-                torch.tensor(
-                    [len(rows), stats.new_rows, stats.truncated_rows, stats.skipped_tagged],
-                    device=self.accelerator.device,
-                ).unsqueeze(0)
-            )
-            .sum(0)
-            .tolist()
-        )
-        metrics["rows/count"].append(totals[0])
+        counts = {
+            "count": len(rows),
+            "split": stats.split_rows,
+            "windows": stats.windows,
+            "skipped_failed_calls": stats.skipped_failed,
+            "skipped_tagged_calls": stats.skipped_tagged,
+            "skipped_unscorable_calls": stats.skipped_unscorable,
+        }
+        totals = gather(torch.tensor([list(counts.values())], device=self.accelerator.device)).sum(0).tolist()
+        for name, total in zip(counts, totals, strict=True):
+            metrics[f"rows/{name}"].append(total)
         metrics["rows/per_rollout"].append(totals[0] / len(everyone))
-        metrics["rows/truncated"].append(totals[2])
-        metrics["rows/skipped_tagged_calls"].append(totals[3])
         metrics["weight_version"].append(float(self.weight_version))
         if gap is not None:
             mask = batch["completion_mask"] * batch["tool_mask"]

@@ -18,6 +18,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 Count = Annotated[StrictInt, Field(ge=0)]
+MAX_PROBE_TOKENS = 4096
 
 
 def explained(message: str) -> WrapValidator:
@@ -58,3 +59,13 @@ class Resume(JsonBody):
     """``{"version": N}``: the weights are now version N (absent: the version stays)."""
 
     version: Annotated[Count | None, explained("'version' must be a non-negative integer")] = None
+
+
+class Probe(JsonBody):
+    """``{"token_ids": [...]}``: the tokens to score (2 to ``MAX_PROBE_TOKENS``)."""
+
+    token_ids: Annotated[
+        list[Count],
+        Field(min_length=2, max_length=MAX_PROBE_TOKENS),
+        explained(f"'token_ids' must be a list of 2 to {MAX_PROBE_TOKENS} token ids (non-negative integers)"),
+    ] = Field([], validate_default=True)

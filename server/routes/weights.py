@@ -1,4 +1,5 @@
-"""The weight routes: the current version, a reload from safetensors, and pause/resume around an NCCL sync."""
+"""The weight routes: the current version, a reload from safetensors, pause/resume around an NCCL sync, and a
+probe that scores tokens with the served weights (the trainer compares them with its own)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Depends
 
 from aitlrt_server.errors import ProxyError
-from aitlrt_server.routes.bodies import Reload, Resume
+from aitlrt_server.routes.bodies import Probe, Reload, Resume
 from aitlrt_server.routes.deps import ProxyDep, require_key
 
 router = APIRouter(dependencies=[Depends(require_key)])
@@ -48,3 +49,10 @@ async def pause(proxy: ProxyDep) -> dict[str, Any]:
 async def resume(proxy: ProxyDep, body: Resume | None = None) -> dict[str, Any]:
     """Reopen; ``{"version": N}`` records that the weights are now version N (an empty body keeps the version)."""
     return {"weight_version": proxy.gate.resume(body.version if body else None), "paused": False}
+
+
+@router.post("/weights/probe")
+async def probe(body: Probe, proxy: ProxyDep) -> dict[str, Any]:
+    """``{"weight_version", "model", "logprobs"}``: ``logprobs[i]`` is the served model's logprob of
+    ``token_ids[i + 1]`` after the tokens before it (vLLM's prompt logprobs), under that weight version."""
+    return await proxy.probe(body.token_ids)

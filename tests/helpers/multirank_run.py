@@ -49,8 +49,9 @@ def calls_reward(prompts, completions, completion_ids=None, **kwargs):
     return [c / 6 for c in kwargs["rollout_calls"]]
 
 
-def tiny_trainer(proxy: str, repo: str, out: str, **config) -> AgentGRPOTrainer:
-    """A tiny random Llama, two tasks on ``repo``, the counting agent, the scripted upstream behind ``proxy``."""
+def tiny_trainer(proxy: str, repo: str, out: str, *, reward_funcs=None, peft_config=None, **config) -> AgentGRPOTrainer:
+    """A tiny random Llama, two tasks on ``repo``, the counting agent, the scripted upstream behind ``proxy``
+    (``reward_funcs``: default ``calls_reward``; ``peft_config``: trl's)."""
     torch.manual_seed(0)
     model = LlamaForCausalLM(
         LlamaConfig(
@@ -63,6 +64,9 @@ def tiny_trainer(proxy: str, repo: str, out: str, **config) -> AgentGRPOTrainer:
             max_position_embeddings=256,
         )
     )
+    if config.get("beta") and peft_config is None:  # trl loads the reference model from the policy's name_or_path
+        model.save_pretrained(Path(out) / "initial")
+        model.config._name_or_path = str(Path(out) / "initial")
     tok = PreTrainedTokenizerFast(
         tokenizer_object=Tokenizer(models.WordLevel({"<pad>": 0, "<eos>": 1}, "<pad>")),
         pad_token="<pad>",
@@ -85,10 +89,13 @@ def tiny_trainer(proxy: str, repo: str, out: str, **config) -> AgentGRPOTrainer:
         report_to=[],
         seed=0,
         rollout_concurrency=2,
+        max_completion_length=None,  # as the scripted upstream's proxies: no --max-tokens
+        weight_probe=False,  # the scripted upstream is no model to probe
     )
     return AgentGRPOTrainer(
         model=model,
-        reward_funcs=[calls_reward],
+        reward_funcs=reward_funcs or [calls_reward],
+        peft_config=peft_config,
         args=AgentGRPOConfig(**{**settings, **config}),
         processing_class=tok,
         agent=CountingAgent(),

@@ -70,8 +70,10 @@ def test_a_lora_trainer_syncs_merged_weights_into_the_server(served, tokenizer, 
     probe = tokenizer("def add(a, b):\n    return a + b\n")["input_ids"]
     before = probe_logprobs(served.vllm_url, probe)
     version = httpx.get(f"{served.url}/weights").json()["weight_version"]
-    trainer.sync_weights()
+    trainer.sync_weights()  # and probes: the server against the adapter model
     assert trainer.weight_version == httpx.get(f"{served.url}/weights").json()["weight_version"] == version + 1
+    (probed,) = trainer._metrics["train"]["weight_probe/mean_gap"]
+    assert 0 < probed < config.weight_probe_tolerance
     after = probe_logprobs(served.vllm_url, probe)
     with torch.no_grad():
         expected = trainer_logprobs(trainer.model, probe)  # the adapter model itself (fp32)

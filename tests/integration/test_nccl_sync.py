@@ -3,7 +3,8 @@
 The NCCL transfer itself (trl's ``VLLMClient`` into vLLM's weight-transfer engine) needs CUDA on both sides; here a
 recording client stands in for it, so what is checked is everything around it: the proxy holds new calls while
 the weights stream, learns the new version afterwards, says where vLLM is, and a failed transfer leaves the proxy
-serving (on the old version) and the error raised.
+serving (on the old version) and the error raised. Against the real vLLM CPU server, the weight probe after the
+sync finds a transfer that never reached vLLM, although the proxy took the version the trainer declared.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ def trainer(scripted_upstream, start_proxy, model_dir, tokenizer, tmp_path):
         per_device_train_batch_size=2,
         num_generations=2,
         report_to=[],
+        weight_probe=False,  # the scripted upstream is no model to probe
     )
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     trainer = AgentGRPOTrainer(
@@ -106,3 +108,44 @@ def test_nccl_sync_is_refused_without_cuda_with_the_alternative_named(tmp_path):
         pytest.skip("this machine has CUDA: weight_sync=nccl is allowed")
     with pytest.raises(ValueError, match=r"needs CUDA on the trainer.*use weight_sync=reload"):
         AgentGRPOConfig(output_dir=str(tmp_path), proxy_url="http://x", weight_sync="nccl")
+
+
+def test_an_nccl_sync_that_never_reached_vllm_fails_the_weight_probe(served, tokenizer, tmp_path):
+    """On NCCL the new weight version is what the trainer declares: only the probe sees the weights themselves."""
+    from datasets import Dataset
+
+    from aitlrt.training.config import AgentGRPOConfig
+    from aitlrt.training.probe import WeightProbeError
+    from aitlrt.training.trainer import AgentGRPOTrainer
+
+    config = AgentGRPOConfig(
+        output_dir=str(tmp_path), proxy_url=served.url, per_device_train_batch_size=2, num_generations=2, report_to=[]
+    )
+    trainer = AgentGRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(served.model_dir, dtype=torch.float32),
+        reward_funcs=[lambda **k: [0.0] * len(k["prompts"])],
+        args=config,
+        processing_class=tokenizer,
+        train_dataset=Dataset.from_list([{"prompt": "p", "instance_id": "x", "problem_statement": "p"}]),
+        agent=object(),
+    )
+    trainer.weight_sync = nccl(served.url, RecordingClient(served.url))  # streams nothing into vLLM
+    trainer.model.train()  # as in a training step: the probe's gap goes to the train metrics
+    before = httpx.get(f"{served.url}/weights").json()["weight_version"]
+    trainer.sync_weights()  # the policy is still the served model: the probe after resume passes
+    (gap,) = trainer._metrics["train"]["weight_probe/mean_gap"]
+    assert 0 < gap < config.weight_probe_tolerance
+
+    with torch.no_grad():  # an update the "transfer" then never delivers
+        gen = torch.Generator().manual_seed(0)
+        for name, param in trainer.model.named_parameters():
+            if name.endswith("mlp.down_proj.weight"):
+                param.add_(0.05 * torch.randn(param.shape, generator=gen))
+    with pytest.raises(WeightProbeError, match=f"weight version {before + 2}.*expects weight version {before + 2}"):
+        trainer.sync_weights()
+    assert httpx.get(f"{served.url}/weights").json() == {
+        "weight_version": before + 2,  # the proxy took the declared version and reopened
+        "paused": False,
+        "inflight": 0,
+        "upstream": served.vllm_url,
+    }

@@ -83,6 +83,8 @@ def test_two_grpo_steps_with_real_agents(served, data_dir, tokenizer, tmp_path, 
         num_generations=2,
         learning_rate=1e-3,  # large, so the probe below sees the update through vLLM's bf16
         temperature=1.0,
+        top_p=0.95,  # the served fixture's sampling: the trainer checks it at connect
+        max_completion_length=48,
         rollout_max_calls=2,
         rollout_timeout_s=300,
         max_row_tokens=4096,
@@ -118,8 +120,7 @@ def test_two_grpo_steps_with_real_agents(served, data_dir, tokenizer, tmp_path, 
         traces = [httpx.get(f"{served.url}/rollouts/{o.rollout_id}").json()["calls"] for o in outcomes]
         expected_tokens, expected_logprobs, rows_expected = [], [], 0
         for calls in traces:
-            rows, stats = build_rows(calls, config.max_row_tokens)
-            assert stats.truncated_rows == stats.dropped_rows == 0
+            rows, _ = build_rows(calls, config.max_row_tokens)  # windows of a long row train every token too
             rows_expected += len(rows)
             for call in sorted(calls, key=lambda c: c["call_index"]):
                 if call["status"] == 200 and not call["tag"]:

@@ -5,6 +5,8 @@ No GPU, SLURM or apptainer needed."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import re
 import shlex
@@ -128,7 +130,7 @@ def test_single_node_four_gpus(tmp_path: Path, config: Path):
         f" --main_process_port 30123 {ROOT}/aitlrt/train.py --config {config}"
         f" --serve http://127.0.0.1:20123 --weight_sync_dir {project}/sync/123"
         # min(32 cores - 2, 256000 MiB / 1 GiB) = 30 agents on the node, over 3 training ranks
-        " --rollout_concurrency 10 --max_steps 3"
+        " --rollout_concurrency 10 --resume_from_checkpoint true --max_steps 3"
     )
     assert cmds.index(serve) < cmds.index(train)
 
@@ -181,19 +183,23 @@ def test_train_flags_override_the_config_on_both_sides(tmp_path: Path, config: P
     assert train[-5:] == list(args)  # last, so they win over the jobscript's own flags
 
 
-def test_resume_from_the_newest_complete_checkpoint(tmp_path: Path, config: Path):
+def test_resume_passes_true_and_logs_the_newest_complete_checkpoint(tmp_path: Path, config: Path):
+    """`--resume_from_checkpoint true`: train.py picks the checkpoint when it starts (test_resume_true_* below), so a
+    requeued job continues from what its previous run saved, and a first run starts fresh."""
     run = tmp_path / "run"
     for step in (5, 40):
         (run / f"checkpoint-{step}").mkdir(parents=True)
         (run / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
     (run / "checkpoint-60").mkdir()  # cut off while being written: no trainer_state.json
-    train = only(dry("slurm_single_node.sh", str(config), env=ONE_NODE, cwd=tmp_path), "/accelerate")
-    i = train.index("--resume_from_checkpoint")
-    assert train[i + 1] == f"{run}/checkpoint-40"  # numeric order, not 5 > 40 as text
+    done = job("slurm_single_node.sh", "--dry-run", str(config), env=ONE_NODE, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    train = only([shlex.split(line[2:]) for line in done.stdout.splitlines()], "/accelerate")
+    assert train[train.index("--resume_from_checkpoint") + 1] == "true"
+    assert f"resuming from {run}/checkpoint-40 " in done.stderr  # numeric order, not 5 > 40 as text
 
-    shutil.rmtree(run / "checkpoint-40")
+    shutil.rmtree(run)  # a first run: the same flag
     train = only(dry("slurm_single_node.sh", str(config), env=ONE_NODE, cwd=tmp_path), "/accelerate")
-    assert train[train.index("--resume_from_checkpoint") + 1] == f"{run}/checkpoint-5"
+    assert train[train.index("--resume_from_checkpoint") + 1] == "true"
 
     mine = ("--resume_from_checkpoint", "/my/ckpt")
     train = only(dry("slurm_single_node.sh", str(config), *mine, env=ONE_NODE, cwd=tmp_path), "/accelerate")
@@ -244,7 +250,8 @@ def test_multi_node_two_nodes(tmp_path: Path, config: Path):
         f"{VENV_BIN}/aitlrt-serve --model Qwen/Qwen2.5-Coder-7B-Instruct"
         f" --host 0.0.0.0 --port 24242 --run-dir {tmp_path}/run/serve"
         " --temperature 0.7 --top-p 0.95 --top-k -1 --max-tokens 1024"
-        " --tensor-parallel-size 8 --max-model-len 16384 --enforce-eager"
+        # 28 attention heads and 4 KV heads: TP 8 cannot split them, TP 4 can (jobs/vllm_layout.py)
+        " --tensor-parallel-size 4 --data-parallel-size 2 --max-model-len 16384 --enforce-eager"
     )
     train = only(cmds, "/accelerate")
     assert train == srun_prefix(["gpu08"]) + LAUNCH + words(
@@ -252,6 +259,7 @@ def test_multi_node_two_nodes(tmp_path: Path, config: Path):
         f" --main_process_ip gpu08 --main_process_port 34242 {ROOT}/aitlrt/train.py"
         f" --config {config} --serve http://gpu07:24242 --weight_sync_dir {tmp_path}/.aitlrt/sync/4242"
         " --rollout_concurrency 7"  # min(64 - 2, 500) = 62 agents over 8 ranks
+        " --resume_from_checkpoint true"
     )
     assert cmds.index(serve) < cmds.index(train)
 
@@ -273,9 +281,7 @@ def test_multi_node_three_nodes_one_serving(tmp_path: Path, config: Path):
     assert train[:7] == srun_prefix(["gpu08", "gpu09"])
     tail = train[train.index("--num_processes") :]
     assert tail[:8] == words("--num_processes 16 --num_machines 2 --main_process_ip gpu08 --main_process_port 34242")
-    assert tail[-6:] == words(
-        f"--rollout_concurrency 7 --resume_from_checkpoint {tmp_path}/run/checkpoint-5 --max_steps 9"
-    )
+    assert tail[-6:] == words("--rollout_concurrency 7 --resume_from_checkpoint true --max_steps 9")
     assert "--serve" in tail and tail[tail.index("--serve") + 1] == "http://gpu07:24242"
 
 
@@ -310,6 +316,214 @@ def test_the_start_rank_expression_of_headless_engines():
         ["bash", "-c", script, "bash", "2", "echo", "vllm", "serve"], env=env, capture_output=True, text=True
     )
     assert out.stdout.split() == ["vllm", "serve", "--data-parallel-start-rank", "4"]
+
+
+# ---- vLLM's layout from the model's shape (jobs/vllm_layout.py) ----------------------------------------------
+def load_layout():
+    spec = importlib.util.spec_from_file_location("vllm_layout", JOBS / "vllm_layout.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["vllm_layout"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+# Qwen2.5-Coder config.json values: hidden, intermediate, layers, attention heads, KV heads, vocabulary, tied
+# embeddings; and the parameters of the model cards (billions).
+QWEN_CODER = {
+    "0.5B": ((896, 4864, 24, 14, 2, 151936, True), 0.49),
+    "1.5B": ((1536, 8960, 28, 12, 2, 151936, True), 1.54),
+    "7B": ((3584, 18944, 28, 28, 4, 152064, False), 7.61),
+    "14B": ((5120, 13824, 48, 40, 8, 152064, False), 14.7),
+    "32B": ((5120, 27648, 64, 40, 8, 152064, False), 32.5),
+}
+# On 2 nodes x 8 GPUs, one serving: TP x DP (the largest TP dividing the heads, the KV heads and 8 GPUs).
+PLANS_2X8 = {"0.5B": (2, 4), "1.5B": (2, 4), "7B": (4, 2), "14B": (8, 1), "32B": (8, 1)}
+
+
+def qwen_config(size: str) -> dict:
+    (hidden, inter, layers, heads, kv, vocab, tied), _ = QWEN_CODER[size]
+    return {
+        "architectures": ["Qwen2ForCausalLM"],
+        "hidden_size": hidden,
+        "intermediate_size": inter,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "vocab_size": vocab,
+        "tie_word_embeddings": tied,
+    }
+
+
+def with_model(config: Path, model: str, extra: str = "") -> Path:
+    text = re.sub(r"(?m)^model_name_or_path: .*$", f"model_name_or_path: {model}", config.read_text())
+    config.write_text(text.replace("--enforce-eager", f"--enforce-eager {extra}".strip()))
+    return config
+
+
+def layout_of(config: Path, tmp_path: Path, env: dict[str, str]) -> tuple[list[str], list[str]]:
+    """The server's vLLM flags from --tensor-parallel-size on, and the layout lines of the log."""
+    done = job("slurm_multi_node.sh", "--dry-run", str(config), env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    serve = only([shlex.split(line[2:]) for line in done.stdout.splitlines()], "/aitlrt-serve")
+    return serve[serve.index("--tensor-parallel-size") :], [x for x in done.stderr.splitlines() if "vLLM layout" in x]
+
+
+@pytest.mark.parametrize("size", PLANS_2X8)
+def test_multi_node_layout_from_the_known_shapes(tmp_path: Path, config: Path, size: str):
+    """No config.json reachable (a dry run without the model): the known shapes of Qwen2.5-Coder."""
+    tp, dp = PLANS_2X8[size]
+    with_model(config, f"Qwen/Qwen2.5-Coder-{size}-Instruct")
+    flags, why = layout_of(config, tmp_path, {**TWO_NODES, "AITLRT_GPU_MEMORY_GIB": "80"})
+    dp_flag = f" --data-parallel-size {dp}" if dp > 1 else ""
+    assert flags == words(f"--tensor-parallel-size {tp}{dp_flag} --max-model-len 16384 --enforce-eager")
+    heads, kv = QWEN_CODER[size][0][3:5]
+    assert len(why) == 1  # one line: heads, KV heads, the layout and why
+    assert f"{heads} attention heads, {kv} KV heads" in why[0] and f"TP {tp} x DP {dp}: the largest TP" in why[0]
+    assert "known shapes" in why[0] and f"weights fit TP {tp} x 80 GiB" in why[0]
+
+
+@pytest.mark.parametrize("size", PLANS_2X8)
+def test_multi_node_layout_from_the_models_config(tmp_path: Path, config: Path, size: str):
+    model = tmp_path / "models" / f"my-finetune-{size}"  # a name the known shapes do not match
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps(qwen_config(size)))
+    tp, dp = PLANS_2X8[size]
+    flags, why = layout_of(with_model(config, str(model)), tmp_path, TWO_NODES)
+    assert flags[:2] == ["--tensor-parallel-size", str(tp)]
+    assert ("--data-parallel-size" in flags) == (dp > 1)
+    assert f"TP {tp} x DP {dp}" in why[0] and f"({model}/config.json)" in why[0]
+
+
+def test_layout_from_the_hugging_face_cache(tmp_path: Path, config: Path):
+    """A Hub id found in the job's HF_HOME (PROJECT_DIR/hf): its config.json, here an unknown model's."""
+    repo = tmp_path / ".aitlrt" / "hf" / "hub" / "models--acme--Coder-9B"
+    (repo / "snapshots" / "abc123").mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    shape = {**qwen_config("7B"), "num_attention_heads": 36, "num_key_value_heads": 6}
+    (repo / "snapshots" / "abc123" / "config.json").write_text(json.dumps(shape))
+    flags, why = layout_of(with_model(config, "acme/Coder-9B"), tmp_path, TWO_NODES)
+    assert flags[:4] == words("--tensor-parallel-size 2 --data-parallel-size 4")
+    assert "36 attention heads, 6 KV heads" in why[0] and "snapshots/abc123/config.json" in why[0]
+
+
+def test_layout_of_an_unknown_model_and_overrides(tmp_path: Path, config: Path):
+    flags, why = layout_of(with_model(config, "/models/ckpt"), tmp_path, TWO_NODES)  # no config.json: as before
+    assert flags[:2] == ["--tensor-parallel-size", "8"] and "shape unknown" in why[0]
+
+    with_model(config, "Qwen/Qwen2.5-Coder-7B-Instruct")
+    for knob, value in (("AITLRT_VLLM_TP", "8"), ("AITLRT_VLLM_DP", "1")):  # honoured, with a warning
+        flags, why = layout_of(config, tmp_path, {**TWO_NODES, knob: value})
+        assert flags[:2] == ["--tensor-parallel-size", "8"] and "--data-parallel-size" not in flags
+        assert "set by AITLRT_VLLM_TP / AITLRT_VLLM_DP; warning: TP 8 does not divide the heads" in why[0]
+
+
+def test_layout_checks_the_memory(tmp_path: Path, config: Path):
+    """32B (~65 GB of bf16 weights) on 2 serving GPUs, the config's --gpu-memory-utilization 0.8."""
+    with_model(config, "Qwen/Qwen2.5-Coder-32B-Instruct", "--gpu-memory-utilization 0.8")
+    env = {**ONE_NODE, "AITLRT_SERVE_GPUS": "2", "AITLRT_GPU_MEMORY_GIB": "40"}
+    done = job("slurm_single_node.sh", "--dry-run", str(config), env=env, cwd=tmp_path)
+    assert done.returncode == 2
+    assert "[aitlrt-job] error: Qwen/Qwen2.5-Coder-32B-Instruct: ~65.0 GB of bf16 weights do not fit" in done.stderr
+    assert "need TP >= 4" in done.stderr  # 65 GB > 0.5 x 0.8 x 2 x 40 GiB
+    env["AITLRT_GPU_MEMORY_GIB"] = "80"
+    done = job("slurm_single_node.sh", "--dry-run", str(config), env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr  # 65 GB <= 0.5 x 0.8 x 2 x 80 GiB
+    assert "TP 2 x DP 1" in done.stderr and "weights fit TP 2 x 80 GiB" in done.stderr
+
+
+def test_the_known_shapes_agree_with_the_configs():
+    layout = load_layout()
+    for size, (_, billions) in QWEN_CODER.items():
+        params = layout.params_from_config(qwen_config(size))
+        assert params == pytest.approx(billions * 1e9, rel=0.01), size  # the formula against the model cards
+        known = layout.known_shape(f"Qwen/Qwen2.5-Coder-{size}-Instruct")
+        cfg = qwen_config(size)
+        assert (known.heads, known.kv_heads) == (cfg["num_attention_heads"], cfg["num_key_value_heads"]), size
+        assert known.params == pytest.approx(params, rel=0.01), size
+        assert layout.known_shape(f"Qwen2.5-{size}") == known  # the base models share the shapes
+    assert layout.known_shape("HuggingFaceTB/SmolLM2-1.7B-Instruct") is None  # not the bundled 135M
+    assert layout.known_shape("bundled").heads == 9
+
+
+# ---- resume: the jobscripts pass `true`, aitlrt/train.py resolves it ---------------------------------------
+def make_checkpoint(out: Path, step: int, complete: bool = True) -> Path:
+    path = out / f"checkpoint-{step}"
+    path.mkdir(parents=True)
+    if complete:
+        (path / "trainer_state.json").write_text("{}")
+    return path
+
+
+def test_resume_true_means_the_newest_complete_checkpoint(tmp_path: Path):
+    from aitlrt.train import resume_checkpoint
+
+    out = tmp_path / "run"
+    assert resume_checkpoint("true", out) is None  # no output_dir yet: a fresh start
+    out.mkdir()
+    assert resume_checkpoint(True, out) is None  # YAML's `true`
+    make_checkpoint(out, 5)
+    newest = make_checkpoint(out, 40)
+    make_checkpoint(out, 60, complete=False)  # cut off while being saved
+    (out / "checkpoint-final").mkdir()
+    for value in ("true", "True", " TRUE ", True):
+        assert resume_checkpoint(value, out) == str(newest), value
+    for value in ("false", "False", False, None, ""):
+        assert resume_checkpoint(value, out) is None, value
+    assert resume_checkpoint("/my/ckpt", out) == "/my/ckpt"
+
+
+def test_resume_true_with_a_real_trainer(tmp_path: Path):
+    """transformers' own `True` fails without a checkpoint and picks one cut off while being saved; the value
+    train.py hands to Trainer.train starts fresh, then continues from the newest complete checkpoint."""
+    import torch
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from aitlrt.train import resume_checkpoint
+
+    class Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Linear(2, 1)
+
+        def forward(self, x, y):
+            return {"loss": ((self.w(x).squeeze(-1) - y) ** 2).mean()}
+
+    steps: list[int] = []
+
+    class Steps(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            steps.append(state.global_step)
+
+    def trainer(max_steps: int) -> Trainer:
+        args = TrainingArguments(
+            output_dir=str(tmp_path / "run"),
+            max_steps=max_steps,
+            save_strategy="steps",
+            save_steps=1,
+            per_device_train_batch_size=2,
+            report_to=[],
+            use_cpu=True,
+            logging_strategy="no",
+            disable_tqdm=True,
+        )
+        data = [{"x": torch.ones(2), "y": torch.tensor(1.0)}] * 8
+        return Trainer(model=Tiny(), args=args, train_dataset=data, callbacks=[Steps()])
+
+    first = trainer(2)
+    with pytest.raises(ValueError, match="No valid checkpoint"):
+        first.train(resume_from_checkpoint=True)
+    first.train(resume_from_checkpoint=resume_checkpoint("true", tmp_path / "run"))  # a fresh start
+    assert steps == [1, 2] and (tmp_path / "run" / "checkpoint-2" / "trainer_state.json").exists()
+
+    make_checkpoint(tmp_path / "run", 3, complete=False)
+    with pytest.raises(ValueError, match=r"valid checkpoint at .*checkpoint-3"):
+        trainer(3).train(resume_from_checkpoint=True)
+    steps.clear()
+    again = trainer(3)
+    again.train(resume_from_checkpoint=resume_checkpoint("true", tmp_path / "run"))
+    assert steps == [3] and again.state.global_step == 3  # continued after checkpoint-2
 
 
 # ---- serving only -----------------------------------------------------------------------------------------

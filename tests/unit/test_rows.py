@@ -1,6 +1,8 @@
-"""Row building on crafted traces: prefix-extending chains, a history rewrite, truncation, skipped calls."""
+"""Row building on crafted traces: prefix-extending chains, a history rewrite, long rows as windows, skipped calls."""
 
 from __future__ import annotations
+
+import pytest
 
 from aitlrt.training.rows import build_rows
 
@@ -59,15 +61,71 @@ def test_tagged_and_failed_calls_are_skipped_and_do_not_break_the_chain():
     assert [r.prompt_ids for r in rows] == [[1, 2], [50, 51], [1, 2, 10, 3]]
 
 
-def test_truncation_keeps_the_mask_aligned_and_drops_rows_without_room():
-    long = call(0, [1, 2, 3], [10, 11, 12, 13])
-    chained = call(1, [1, 2, 3, 10, 11, 12, 13, 4, 4, 4], [14, 15])
-    (row,), stats = build_rows([long, chained], max_length=9)
-    assert row.tokens == [1, 2, 3, 10, 11, 12, 13, 4, 4]
-    assert row.mask == [1, 1, 1, 1, 0, 0] and len(row.logprobs) == 6
-    assert (stats.truncated_rows, stats.truncated_tokens) == (1, 3)
-    rows, stats = build_rows([call(0, list(range(20)), [1])], max_length=10)
-    assert rows == [] and stats.dropped_rows == 1
+def long_trace(prompt_len=5, turns=((6, 4), (3, 7), (8, 2), (2, 5), (9, 0)), version=0):
+    """One chain of calls over unique token ids: (sampled, then context) per turn; and its full sequence."""
+    ids = iter(range(100, 10_000))
+    full = [next(ids) for _ in range(prompt_len)]
+    calls = []
+    for i, (sampled, context) in enumerate(turns):
+        completion = [next(ids) for _ in range(sampled)]
+        calls.append(call(i, list(full), completion, version=version + i))
+        full += completion + [next(ids) for _ in range(context)]
+    return calls, full
+
+
+def check_windows(rows, calls, full, max_length, context):
+    """Every sampled token trained exactly once, with its own logprob, after the true preceding tokens."""
+    expected = {t: lp for c in calls for t, lp in zip(c["completion_token_ids"], c["logprobs"], strict=True)}
+    trained = [(t, lp) for r in rows for t, m, lp in zip(r.completion_ids, r.mask, r.logprobs, strict=True) if m]
+    assert [t for t, _ in trained] == [t for c in calls for t in c["completion_token_ids"]]
+    assert dict(trained) == expected
+    for r in rows:
+        assert len(r.tokens) <= max_length and r.prompt_ids and r.mask[0] == r.mask[-1] == 1
+        assert len(r.mask) == len(r.logprobs) == len(r.completion_ids)
+        assert all(lp == 0.0 for m, lp in zip(r.mask, r.logprobs, strict=True) if not m)
+        start = full.index(r.completion_ids[0])
+        assert full[start - len(r.prompt_ids) : start + len(r.completion_ids)] == r.tokens  # the true sequence
+        assert len(r.prompt_ids) >= min(context, start)
+        versions = {c["weight_version"] for c in calls if set(c["completion_token_ids"]) & set(r.completion_ids)}
+        assert r.weight_versions == versions and r.calls == len(versions)
+
+
+def test_a_long_row_becomes_windows_that_train_every_sampled_token_once():
+    calls, full = long_trace()
+    (whole,), _ = build_rows(calls)
+    assert whole.tokens == full[: len(whole.tokens)]
+    for max_length, context in ((12, 4), (12, 6), (10, 1), (16, None), (40, 20), (len(whole.tokens), None)):
+        rows, stats = build_rows(calls, max_length=max_length, context=context)
+        check_windows(rows, calls, full, max_length, context or max_length // 2)
+        assert stats.new_rows == 1 and stats.used_calls == len(calls)
+        split = len(whole.tokens) > max_length
+        assert (stats.split_rows, stats.windows) == ((1, len(rows)) if split else (0, 0)) and (len(rows) > 1) == split
+    rows, _ = build_rows(calls, max_length=12, context=4)
+    assert rows[0].prompt_ids == full[:5] and len(rows[1].tokens) == 12  # later windows fill up with context
+
+
+def test_a_prompt_longer_than_the_budget_is_trained_after_its_tail():
+    calls, full = long_trace(prompt_len=30, turns=((6, 3), (4, 0)))
+    rows, stats = build_rows(calls, max_length=12, context=5)
+    check_windows(rows, calls, full, 12, 5)
+    assert rows[0].prompt_ids == full[30 - 6 : 30] and stats.split_rows == 1
+    assert stats.used_calls == 2 and stats.skipped_failed == 0
+
+
+def test_windows_skip_failed_calls_and_keep_the_chain():
+    calls, full = long_trace()
+    failed = call(10, calls[2]["prompt_token_ids"], [], status=502)
+    calls[2]["call_index"], calls[3]["call_index"], calls[4]["call_index"] = 11, 12, 13
+    rows, stats = build_rows([*calls, failed], max_length=12, context=4)
+    check_windows(rows, calls, full, 12, 4)
+    assert stats.skipped_failed == 1
+
+
+def test_a_context_budget_that_leaves_no_room_is_refused():
+    calls, _ = long_trace()
+    for max_length, context in ((10, 10), (10, 0), (1, None)):
+        with pytest.raises(ValueError, match="context"):
+            build_rows(calls, max_length=max_length, context=context)
 
 
 def test_an_empty_rollout_has_no_rows():

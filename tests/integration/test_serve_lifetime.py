@@ -1,0 +1,226 @@
+"""The vLLM child of ``aitlrt-serve`` does not outlive it: a SIGKILLed proxy (the OOM killer, a scheduler) takes
+vLLM's whole process group along, engine cores included (they do not watch their parent); ``--upstream`` leaves
+a vLLM it did not start alone, and a new proxy re-attaches to it.
+
+Stand-in vLLMs (a script as ``VLLMServer``'s python, with a grandchild like vLLM's EngineCore) for the
+mechanics, and one real vLLM CPU server for the real thing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from aitlrt.common.procs import free_port
+from aitlrt.serving.process import ServeProcess
+from aitlrt_server.upstream import GUARD_GRACE_S, VLLMServer
+from tests.conftest import chat
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+# Takes the place of `python -m vllm.entrypoints.openai.api_server ... --port P`: serves GET /health and starts an
+# "engine" grandchild that does not watch its parent (FAKE_STUBBORN: it ignores SIGTERM too); writes both pids.
+FAKE_VLLM = """#!{python}
+import http.server, os, subprocess, sys
+port = int(sys.argv[sys.argv.index("--port") + 1])
+engine = "import os, signal, time\\nif os.environ.get('FAKE_STUBBORN'): signal.signal(signal.SIGTERM, signal.SIG_IGN)"
+child = subprocess.Popen([sys.executable, "-c", engine + "\\ntime.sleep(600)"])
+with open(os.environ["FAKE_DIR"] + "/pids.tmp", "w") as f:
+    f.write(f"{{os.getpid()}} {{child.pid}}")
+os.rename(os.environ["FAKE_DIR"] + "/pids.tmp", os.environ["FAKE_DIR"] + "/pids")
+
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, *args):
+        pass
+
+http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+"""
+
+# Takes the place of aitlrt-serve: starts the stand-in through VLLMServer, says "ready", then waits to be killed.
+PARENT = """
+import sys, time
+from pathlib import Path
+from aitlrt_server.upstream import VLLMServer
+server = VLLMServer("m", python=sys.argv[1], port=int(sys.argv[2]), log_path=Path(sys.argv[3]))
+server.start()
+server.wait_healthy(60)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (a killed orphan may wait a while to be reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def group(pgid: int) -> list[int]:
+    """The live processes of a process group."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2 :].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(entry.name))
+    return members
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def eventually(check: Callable[[], bool], timeout_s: float, what: str) -> float:
+    start = time.monotonic()
+    while not check():
+        assert time.monotonic() - start < timeout_s, f"{what} after {timeout_s:.0f}s"
+        time.sleep(0.1)
+    return time.monotonic() - start
+
+
+@pytest.fixture
+def fake_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "fake-python"
+    path.write_text(FAKE_VLLM.format(python=sys.executable))
+    path.chmod(0o755)
+    monkeypatch.setenv("FAKE_DIR", str(tmp_path))
+    return path
+
+
+@pytest.fixture
+def cleanup() -> Iterator[list[int]]:
+    """Process groups to SIGKILL after the test, whatever it asserted."""
+    groups: list[int] = []
+    yield groups
+    for pgid in groups:
+        for pid in group(pgid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def fake_pids(tmp_path: Path) -> tuple[int, int]:
+    eventually((tmp_path / "pids").exists, 30, "the stand-in never wrote its pids")
+    api, engine = map(int, (tmp_path / "pids").read_text().split())
+    return api, engine
+
+
+@pytest.mark.parametrize("stubborn", [False, True], ids=["engine-stops-on-sigterm", "engine-ignores-sigterm"])
+def test_a_sigkilled_parent_takes_the_whole_vllm_group_along(
+    fake_vllm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cleanup: list[int], stubborn: bool
+):
+    if stubborn:
+        monkeypatch.setenv("FAKE_STUBBORN", "1")
+    port = free_port()
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(fake_vllm), str(port), str(tmp_path / "vllm.log")],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert parent.stdout is not None and parent.stdout.readline().strip() == "ready"
+    api, engine = fake_pids(tmp_path)
+    pgid = os.getpgid(api)
+    cleanup.append(pgid)
+    assert port_open(port) and alive(engine) and os.getpgid(engine) == pgid
+
+    parent.kill()  # SIGKILL: nothing runs in the parent any more
+    parent.wait()
+    took = eventually(lambda: not group(pgid), GUARD_GRACE_S + 10, "vLLM's process group outlived its parent")
+    assert not alive(api) and not alive(engine) and not port_open(port)
+    assert took < (GUARD_GRACE_S + 5 if stubborn else 5)
+    assert "aitlrt-serve is gone: stopping vLLM" in (tmp_path / "vllm.log").read_text()
+
+
+def test_vllm_exit_status_reads_the_same_and_its_engine_is_stopped(fake_vllm: Path, tmp_path: Path, cleanup):
+    """vLLM dying on its own (here SIGKILLed, as by the OOM killer): the status VLLMServer reports is vLLM's, and the
+    engine it leaves behind is stopped."""
+    server = VLLMServer("m", python=str(fake_vllm), port=free_port(), log_path=tmp_path / "vllm.log")
+    server.start()
+    assert server.proc is not None
+    cleanup.append(server.proc.pid)
+    server.wait_healthy(60)
+    api, engine = fake_pids(tmp_path)
+    os.kill(api, signal.SIGKILL)
+    assert server.proc.wait(10) == -signal.SIGKILL
+    eventually(lambda: not alive(engine), 5, "the orphaned engine still runs")
+    server.stop()
+
+
+def test_stop_ends_the_group_even_a_stubborn_engine(fake_vllm, tmp_path: Path, monkeypatch, cleanup):
+    monkeypatch.setenv("FAKE_STUBBORN", "1")
+    server = VLLMServer("m", python=str(fake_vllm), port=free_port(), log_path=tmp_path / "vllm.log")
+    server.start()
+    assert server.proc is not None
+    pgid = server.proc.pid
+    cleanup.append(pgid)
+    server.wait_healthy(60)
+    fake_pids(tmp_path)  # both started
+    server.stop(grace_s=2)
+    assert server.proc.returncode == -signal.SIGTERM  # vLLM's own status, as before the guard
+    eventually(lambda: not group(pgid), 5, "stop() left processes running")
+
+
+def test_a_sigkilled_upstream_proxy_leaves_vllm_to_the_next_one(scripted_upstream: str, start_proxy):
+    first = start_proxy(scripted_upstream)
+    assert first.proc is not None
+    first.kill()  # SIGKILL
+    assert httpx.get(f"{scripted_upstream}/health", timeout=5).status_code == 200  # not ours to stop
+    again = start_proxy(scripted_upstream)
+    assert chat(again.url, "reattached-1", "hi").status_code == 200
+
+
+def test_real_vllm_dies_with_a_sigkilled_aitlrt_serve(model_dir: Path, tmp_path: Path, start_proxy, cleanup):
+    """aitlrt-serve --model (a real vLLM on CPU), a second aitlrt-serve --upstream on that vLLM: SIGKILL the second,
+    vLLM serves on; SIGKILL the first, vLLM's port closes and its processes, engine core included, are gone."""
+    import psutil
+
+    vllm_port = free_port()
+    serve = ServeProcess(
+        ["--model", str(model_dir), "--run-dir", str(tmp_path), "--vllm-port", str(vllm_port), "--enforce-eager"],
+        port=free_port(),
+        log_path=tmp_path / "serve.log",
+    )
+    serve.start()
+    assert serve.proc is not None
+    try:
+        serve.wait_ready(timeout_s=300)
+        (guard,) = psutil.Process(serve.proc.pid).children()
+        cleanup.append(guard.pid)  # the group's id
+        vllm_pids = [p.pid for p in guard.children(recursive=True)]
+        assert any("EngineCore" in psutil.Process(pid).name() for pid in vllm_pids), vllm_pids
+
+        attached = start_proxy(f"http://127.0.0.1:{vllm_port}")
+        attached.kill()
+        time.sleep(1)
+        assert port_open(vllm_port) and all(alive(pid) for pid in vllm_pids)
+        attached = start_proxy(f"http://127.0.0.1:{vllm_port}")  # re-attaches (start_proxy waits for a 200 /health)
+        health = httpx.get(f"{attached.url}/health", timeout=10).json()
+        assert health["status"] == "ok" and health["upstream"] == f"http://127.0.0.1:{vllm_port}"
+
+        serve.kill()  # SIGKILL
+        eventually(lambda: not port_open(vllm_port), 30, "vLLM's port still open")
+        eventually(lambda: not group(guard.pid), 30, "vLLM processes outlived aitlrt-serve")
+        assert not any(alive(pid) for pid in vllm_pids)
+    finally:
+        serve.stop()

@@ -1,0 +1,328 @@
+"""trl options are honoured on the rows of the recorded calls, or refused by ``AgentGRPOConfig`` with the reason:
+the batch ``_batch`` builds (crafted rows, a tiny random model, no server), and one short run against the
+scripted upstream for what only a run shows (the KL term, trl's completion log, reward functions' metrics)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+from peft import LoraConfig
+from trl.trainer.utils import nanstd
+
+from aitlrt.common.git import git
+from aitlrt.common.procs import free_port
+from aitlrt.rollout.runner import RolloutOutcome
+from aitlrt.serving.process import ServeProcess
+from aitlrt.training.advantages import normalized_sum_advantages
+from aitlrt.training.config import AgentGRPOConfig
+from aitlrt.training.rows import Row
+from tests.helpers.multirank_run import calls_reward, tiny_trainer
+
+UNUSED = "http://127.0.0.1:9"
+ADVANTAGES = [1.0, -0.5, 0.25, -0.75]
+OFFSETS = [0.9, -0.8, 0.1, 1.2, -0.3, 0.6, -0.1, 0.05, 0.02, -1.1, 0.7]  # sampler - trainer, per trained token
+
+
+def rows_with(sampler: list[list[float]] | None = None) -> tuple[list[Row], list[int]]:
+    """Rollout 0 as two rows (the second with context tokens), rollouts 1 and 2 as one row each, rollout 3 none."""
+    shapes = [([11, 12], [21, 22, 23], [1, 1, 1]), ([11, 12, 21, 22, 23, 31], [41, 42], [1, 1])]
+    shapes += [([51], [61, 62, 63, 64], [1, 1, 0, 1]), ([71, 72], [81, 82, 83], [1, 1, 1])]
+    rows = [Row(p, c, m, (sampler or [[-7.6] * len(c)] * 4)[i]) for i, (p, c, m) in enumerate(shapes)]
+    return rows, [0, 0, 1, 2]
+
+
+def config(tmp_path, **kw) -> AgentGRPOConfig:
+    return AgentGRPOConfig(
+        output_dir=str(tmp_path), proxy_url=UNUSED, num_generations=4, per_device_train_batch_size=4, **kw
+    )
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory):
+    out = tmp_path_factory.mktemp("options")
+    t = tiny_trainer(
+        UNUSED, str(out / "repo"), str(out / "run"), per_device_train_batch_size=4, max_completion_length=64
+    )
+    t.model.train()
+    t.current_gradient_accumulation_steps = 1
+    return t
+
+
+def policy_logps(trainer, batch) -> torch.Tensor:
+    with torch.no_grad():
+        return trainer._get_per_token_logps_and_entropies(
+            trainer.model,
+            torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1),
+            torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1),
+            batch["completion_ids"].size(1),
+        )[0]
+
+
+def offset_sampler(trainer) -> tuple[list[Row], list[int]]:
+    """The rows with sampler logprobs = the trainer's + ``OFFSETS`` on the trained tokens."""
+    rows, owners = rows_with()
+    old = policy_logps(trainer, trainer._batch(rows, owners, ADVANTAGES, "train")[0])
+    offsets = iter(OFFSETS)
+    sampler = [
+        [old[i, j].item() + next(offsets) if m else 0.0 for j, m in enumerate(r.mask)] for i, r in enumerate(rows)
+    ]
+    return rows_with(sampler)
+
+
+# ---- refused ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("settings", "says"),
+    [
+        ({"use_vllm": True}, "aitlrt-serve"),
+        ({"min_p": 0.05}, "--min-p"),
+        ({"repetition_penalty": 1.1}, "--repetition-penalty"),
+        ({"generation_kwargs": {"seed": 1}}, "aitlrt-serve"),
+        ({"vllm_importance_sampling_mode": "token"}, "token_truncate"),
+        ({"multi_objective_aggregation": "sum"}, "normalize_then_sum"),
+        ({"loss_type": "vespo", "vllm_importance_sampling_mode": "sequence_mask"}, "token_truncate or token_mask"),
+        ({"beta": 0.04, "loss_type": "grpo"}, "token-normalised loss_type"),
+        ({"beta": 0.04, "loss_type": "dr_grpo"}, "token-normalised loss_type"),
+    ],
+)
+def test_options_that_cannot_be_honoured_are_refused_with_the_reason(tmp_path, settings, says):
+    with pytest.raises(ValueError, match=says):
+        config(tmp_path, **settings)
+
+
+def test_importance_sampling_defaults_to_todays_truncated_token_weights(tmp_path):
+    args = config(tmp_path)
+    assert args.vllm_importance_sampling_correction is True
+    assert (args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_max) == ("token_truncate", 3.0)
+    assert args.vllm_importance_sampling_clip_min is None
+    assert not hasattr(args, "importance_sampling_cap")
+    config(tmp_path, loss_type="vespo", beta=0.04)  # token-normalised: allowed
+
+
+# ---- old logprobs and importance sampling ----------------------------------------------------------------------
+def test_old_logprobs_are_computed_where_trl_computes_them(trainer, monkeypatch):
+    monkeypatch.setattr(trainer.args, "vllm_importance_sampling_correction", False)
+    rows, owners = rows_with()
+    batch, gap = trainer._batch(rows, owners, ADVANTAGES, "train")
+    assert "old_per_token_logps" not in batch and gap is None  # aligned: trl's PPO ratio is 1 by construction
+    assert batch["advantages"][:, 0].tolist() == [1.0, 1.0, -0.5, 0.25]  # no importance weight
+    monkeypatch.setattr(trainer, "num_iterations", 2)  # the second pass over the batch needs the first's logprobs
+    batch, gap = trainer._batch(rows, owners, ADVANTAGES, "train")
+    torch.testing.assert_close(batch["old_per_token_logps"], policy_logps(trainer, batch))
+    assert gap is not None
+
+
+def trl_ratio(old, sampler, mask, mode, low, high, owners) -> torch.Tensor:
+    """trl 1.16's ``vllm_importance_sampling_ratio`` (grpo_trainer.py), the sequence being the rollout."""
+    diff = torch.nan_to_num((old - sampler) * mask, nan=0.0)
+    if mode.startswith("sequence"):
+        per_rollout = {o: sum(diff[i].sum() for i, p in enumerate(owners) if p == o) for o in set(owners)}
+        diff = torch.stack([per_rollout.get(o, torch.tensor(0.0)) for o in owners]).unsqueeze(1)
+    ratio = torch.exp(diff)
+    if mode.endswith("truncate"):
+        return ratio.clamp(min=low, max=high)
+    return ratio.masked_fill((ratio < (low or -math.inf)) | (ratio > (high or math.inf)), 0.0)
+
+
+@pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
+def test_importance_sampling_is_trls_for_every_mode_and_loss(trainer, monkeypatch, mode):
+    monkeypatch.setattr(trainer.args, "vllm_importance_sampling_mode", mode)
+    monkeypatch.setattr(trainer.args, "vllm_importance_sampling_clip_min", 0.4)
+    monkeypatch.setattr(trainer.args, "vllm_importance_sampling_clip_max", 2.0)
+    rows, owners = offset_sampler(trainer)
+    for loss_type in ["dapo", "grpo", "sapo", "cispo", "bnpo", "dr_grpo", "luspo"]:
+        monkeypatch.setattr(trainer, "loss_type", loss_type)
+        ours, gap = trainer._batch(rows, owners, ADVANTAGES, "train")
+        mask = ours["completion_mask"] * ours["tool_mask"]
+        expected = trl_ratio(
+            ours["old_per_token_logps"], ours["sampling_per_token_logps"], mask, mode, 0.4, 2.0, owners
+        )
+        assert gap is not None and gap.max().item() == pytest.approx(1.2, abs=1e-5)
+        with monkeypatch.context() as m:  # trl's own path: unweighted advantages, the ratio applied by trl's loss
+            m.setattr(trainer.args, "vllm_importance_sampling_correction", False)
+            m.setattr(trainer, "num_iterations", 2)
+            plain, _ = trainer._batch(rows, owners, ADVANTAGES, "train")
+            m.setattr(trainer, "use_vllm", True)
+            reference = trainer._compute_loss(trainer.model, {**plain, "importance_sampling_ratio": expected})
+        assert trainer._compute_loss(trainer.model, ours).item() == pytest.approx(reference.item(), rel=1e-5)
+    ratios = expected.flatten() if mode.startswith("sequence") else expected[mask.bool()]
+    assert (ratios == 0).any() if mode.endswith("mask") else ((ratios == 0.4) | (ratios == 2.0)).any()
+    assert ratios.gt(0).any()
+    assert "sampling/importance_sampling_ratio/mean" in trainer._metrics["train"]
+
+
+def test_vespo_gets_trls_importance_sampling_ratio_and_plain_advantages(trainer, monkeypatch):
+    monkeypatch.setattr(trainer, "loss_type", "vespo")
+    rows, owners = offset_sampler(trainer)
+    batch, _ = trainer._batch(rows, owners, ADVANTAGES, "train")
+    mask = batch["completion_mask"] * batch["tool_mask"]
+    expected = trl_ratio(
+        batch["old_per_token_logps"], batch["sampling_per_token_logps"], mask, "token_truncate", None, 3.0, owners
+    )
+    torch.testing.assert_close(batch["importance_sampling_ratio"], expected)
+    assert batch["advantages"][:, 0].tolist() == [1.0, 1.0, -0.5, 0.25]
+    trainer._compute_loss(trainer.model, batch)
+    assert "vespo/phi_seq_mean" in trainer._metrics["train"]
+
+
+# ---- padding, truncated calls --------------------------------------------------------------------------------
+def test_pad_to_multiple_of_pads_the_rows_as_trl_does(trainer, monkeypatch):
+    rows, owners = offset_sampler(trainer)
+    plain, _ = trainer._batch(rows, owners, ADVANTAGES, "train")
+    monkeypatch.setattr(trainer, "pad_to_multiple_of", 8)
+    padded, _ = trainer._batch(rows, owners, ADVANTAGES, "train")
+    assert padded["prompt_ids"].size(1) == padded["completion_ids"].size(1) == 8
+    assert (plain["prompt_ids"].size(1), plain["completion_ids"].size(1)) == (6, 4)
+    loss = trainer._compute_loss(trainer.model, plain).item()
+    assert trainer._compute_loss(trainer.model, padded).item() == pytest.approx(loss, rel=1e-5)
+
+
+def outcome(*finishes: str, tag: str | None = None) -> RolloutOutcome:
+    trace = [{"call_index": i, "finish_reason": f, "tag": tag} for i, f in enumerate(finishes)]
+    return RolloutOutcome("r", "t", "ok", "", "patch", len(trace), 0, 10, "", trace=trace)
+
+
+def test_mask_truncated_completions_masks_every_row_of_a_rollout_with_a_cut_call(trainer, monkeypatch):
+    outcomes = [outcome("stop", "length"), outcome("stop"), outcome("length", tag="weak"), outcome()]
+    assert trainer._truncated(outcomes) == set()  # off by default
+    monkeypatch.setattr(trainer, "mask_truncated_completions", True)
+    assert trainer._truncated(outcomes) == {0}  # a cut tagged call is not trained
+    monkeypatch.setattr(trainer.args, "include_non_policy_calls", True)
+    assert trainer._truncated(outcomes) == {0, 2}
+    rows, owners = rows_with()
+    batch, _ = trainer._batch(rows, owners, ADVANTAGES, "train", {0})
+    assert batch["tool_mask"].sum(dim=1).tolist() == [0, 0, 3, 3]
+    assert batch["num_items_in_batch"].item() == 6
+
+
+# ---- beta: the reference model -----------------------------------------------------------------------------
+def test_reference_logprobs_come_from_the_ref_model(tmp_path):
+    t = tiny_trainer(UNUSED, str(tmp_path / "repo"), str(tmp_path / "run"), per_device_train_batch_size=4, beta=0.1)
+    with torch.no_grad():
+        for p in t.model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    batch, _ = t._batch(*rows_with(), ADVANTAGES, "train")
+    reference = t._get_per_token_logps_and_entropies(
+        t.ref_model,
+        torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1),
+        torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1),
+        batch["completion_ids"].size(1),
+    )[0]
+    torch.testing.assert_close(batch["ref_per_token_logps"], reference)
+    assert not torch.allclose(batch["ref_per_token_logps"], batch["old_per_token_logps"])
+
+
+def test_reference_logprobs_under_peft_are_the_base_models(tmp_path):
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    t = tiny_trainer(
+        UNUSED, str(tmp_path / "repo"), str(tmp_path / "run"), per_device_train_batch_size=4, beta=0.1, peft_config=lora
+    )
+    with torch.no_grad():
+        for name, p in t.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.5)
+    batch, _ = t._batch(*rows_with(), ADVANTAGES, "train")
+    with t.model.disable_adapter():
+        base = policy_logps(t, batch)
+    torch.testing.assert_close(batch["ref_per_token_logps"], base)
+    assert not torch.allclose(base, policy_logps(t, batch))
+
+
+# ---- normalize_then_sum --------------------------------------------------------------------------------------
+def trl_normalize_then_sum(rewards_per_func: torch.Tensor, weights: torch.Tensor, group: int) -> torch.Tensor:
+    """trl 1.16's ``normalize_then_sum`` branch of ``_generate_and_score_completions``, transcribed."""
+    unscorable_mask = torch.isnan(rewards_per_func).all(dim=1)
+    grouped = rewards_per_func.view(-1, group, rewards_per_func.size(1))
+    mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
+    std_k = nanstd(grouped, dim=1, keepdim=True)
+    reward_k = ((grouped - mean_k) / (std_k + 1e-4)).view(-1, rewards_per_func.size(1))
+    rewards = (reward_k * weights.unsqueeze(0)).nansum(dim=1)
+    rewards[unscorable_mask] = torch.nan
+    std_rewards = nanstd(rewards).expand_as(rewards)
+    return torch.nan_to_num((rewards - torch.nanmean(rewards)) / (std_rewards + 1e-4), nan=0.0)
+
+
+def test_normalize_then_sum_is_trls():
+    torch.manual_seed(0)
+    rewards = torch.rand(12, 3)
+    rewards[4] = torch.nan  # unscorable
+    rewards[7, 1] = torch.nan  # one function had no say
+    weights = torch.tensor([1.0, 0.5, 0.1])
+    ours, zero_std = normalized_sum_advantages(rewards, weights, torch.isnan(rewards).all(dim=1), 4)
+    torch.testing.assert_close(ours, trl_normalize_then_sum(rewards, weights, 4))
+    assert ours[4] == 0 and not zero_std.any()
+
+
+# ---- one run: KL, trl's completion log, reward functions' log_metric / log_extra, normalize_then_sum -----------
+def single_call_reward(prompts, completions, completion_ids=None, log_metric=None, log_extra=None, **kwargs):
+    log_metric("custom/calls_total", float(sum(kwargs["rollout_calls"])))
+    log_extra("calls_seen", list(kwargs["rollout_calls"]))
+    return [float(c == 1) for c in kwargs["rollout_calls"]]
+
+
+@pytest.fixture(scope="module")
+def run(scripted_upstream, tmp_path_factory):
+    base = tmp_path_factory.mktemp("run")
+    repo = base / "repo"
+    repo.mkdir()
+    (repo / "README").write_text("tiny\n")
+    git("init", "-q", cwd=repo)
+    git("add", "-A", cwd=repo)
+    git("commit", "-qm", "base", cwd=repo)
+    proxy = ServeProcess(
+        ["--upstream", scripted_upstream, "--run-dir", str(base / "serve")], free_port(), base / "p.log"
+    )
+    proxy.start()
+    try:
+        proxy.wait_ready(timeout_s=60)
+        trainer = tiny_trainer(
+            proxy.url,
+            str(repo),
+            str(base / "out"),
+            reward_funcs=[calls_reward, single_call_reward],
+            per_device_train_batch_size=4,
+            beta=0.1,
+            log_completions=True,
+            multi_objective_aggregation="normalize_then_sum",
+            reward_weights=[1.0, 0.5],
+        )
+        trainer.train()
+    finally:
+        proxy.stop()
+    return trainer, base / "out"
+
+
+def test_a_step_with_beta_logs_a_kl_that_grows_after_an_update(run):
+    trainer, _ = run
+    kl = [entry["kl"] for entry in trainer.state.log_history if "kl" in entry]
+    assert len(kl) == 2
+    assert kl[0] == pytest.approx(0.0, abs=1e-6) and kl[1] > 1e-6
+
+
+def test_log_completions_fills_trls_table_one_entry_per_rollout(run):
+    _, out = run
+    table = pd.read_parquet(out / "completions" / "completions_00002.parquet")
+    assert len(table) == 4
+    assert all(p.startswith("task-") for p in table["prompt"])
+    assert all("answer.txt" in c for c in table["completion"])
+    assert {"calls_reward", "single_call_reward", "advantage", "calls_seen"} <= set(table.columns)
+    assert table["calls_seen"].tolist() == [round(r * 6) for r in table["calls_reward"]]
+
+
+def test_reward_functions_log_metric_is_flushed_as_trl_does(run):
+    trainer, _ = run
+    totals = [entry["custom/calls_total"] for entry in trainer.state.log_history if "custom/calls_total" in entry]
+    assert len(totals) == 2 and all(t >= 4 for t in totals)
+
+
+def test_normalize_then_sum_gives_the_rollouts_advantages(run):
+    import json
+
+    _, out = run
+    for step in (0, 1):
+        saved = [json.loads(line) for line in (out / "rollouts" / f"step_{step:04d}.jsonl").open()]
+        rewards = torch.tensor([[s["rewards"]["calls_reward"], s["rewards"]["single_call_reward"]] for s in saved])
+        expected = trl_normalize_then_sum(rewards, torch.tensor([1.0, 0.5]), 4)
+        assert [s["advantage"] for s in saved] == pytest.approx(expected.tolist(), abs=1e-5)
