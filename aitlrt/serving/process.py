@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -17,8 +18,28 @@ from aitlrt.common.procs import free_port, wait_http
 log = logging.getLogger(__name__)
 
 
+def _die_with_parent(sig: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get ``sig`` when this process dies, SIGKILL included: Linux's
+    ``prctl(PR_SET_PDEATHSIG)`` (it fires when the forking *thread* exits); elsewhere None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None).prctl  # looked up before the fork
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(1, sig, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before the prctl
+            os.kill(os.getpid(), sig)
+
+    return preexec
+
+
 class ServeProcess:
-    """``aitlrt-serve ARGS`` in its own process group; ``with`` waits for health and stops it afterwards."""
+    """``aitlrt-serve ARGS`` in its own process group; ``with`` waits for health and stops it afterwards.
+
+    It gets SIGTERM (and so stops its vLLM) when the process that started it dies in any way, the OOM killer
+    included (Linux): start it from a thread that outlives it, the main thread as the trainer, ``aitlrt eval``
+    and ``aitlrt demo`` do."""
 
     def __init__(self, args: list[str], port: int, log_path: Path, host: str = "127.0.0.1") -> None:
         self.args = args
@@ -31,7 +52,12 @@ class ServeProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                self._argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+                self._argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=_die_with_parent(signal.SIGTERM),  # safe with threads: syscalls only, no lock
             )
         return self
 

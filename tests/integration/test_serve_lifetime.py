@@ -1,6 +1,6 @@
-"""The vLLM child of ``aitlrt-serve`` does not outlive it: a SIGKILLed proxy (the OOM killer, a scheduler) takes
-vLLM's whole process group along, engine cores included (they do not watch their parent); ``--upstream`` leaves
-a vLLM it did not start alone, and a new proxy re-attaches to it.
+"""A managed ``aitlrt-serve`` dies with the process that started it (a SIGKILLed trainer), and its vLLM dies with it:
+a SIGKILLed proxy (the OOM killer, a scheduler) takes vLLM's whole process group along, engine cores included (they
+do not watch their parent); ``--upstream`` leaves a vLLM it did not start alone, and a new proxy re-attaches to it.
 
 Stand-in vLLMs (a script as ``VLLMServer``'s python, with a grandchild like vLLM's EngineCore) for the
 mechanics, and one real vLLM CPU server for the real thing."""
@@ -58,6 +58,20 @@ server = VLLMServer("m", python=sys.argv[1], port=int(sys.argv[2]), log_path=Pat
 server.start()
 server.wait_healthy(60)
 print("ready", flush=True)
+time.sleep(600)
+"""
+
+# Takes the place of a trainer: starts aitlrt-serve --upstream URL through ServeProcess, prints its pid and port.
+TRAINER = """
+import sys, time
+from pathlib import Path
+from aitlrt.common.procs import free_port
+from aitlrt.serving.process import ServeProcess
+port = free_port()
+serve = ServeProcess(["--upstream", sys.argv[1], "--run-dir", sys.argv[2]], port, Path(sys.argv[2]) / "serve.log")
+serve.start()
+serve.wait_ready(60)
+print(serve.proc.pid, port, flush=True)
 time.sleep(600)
 """
 
@@ -150,6 +164,25 @@ def test_a_sigkilled_parent_takes_the_whole_vllm_group_along(
     assert not alive(api) and not alive(engine) and not port_open(port)
     assert took < (GUARD_GRACE_S + 5 if stubborn else 5)
     assert "aitlrt-serve is gone: stopping vLLM" in (tmp_path / "vllm.log").read_text()
+
+
+def test_a_sigkilled_trainer_takes_its_aitlrt_serve_along(scripted_upstream: str, tmp_path: Path, cleanup: list[int]):
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", TRAINER, scripted_upstream, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert trainer.stdout is not None
+    pid, port = map(int, trainer.stdout.readline().split())
+    cleanup.append(pid)  # the group's id
+    assert alive(pid) and port_open(port)
+
+    trainer.kill()  # SIGKILL: nothing runs in the trainer any more
+    trainer.wait()
+    eventually(lambda: not alive(pid), 10, "aitlrt-serve outlived its trainer")
+    assert not port_open(port)
+    assert httpx.get(f"{scripted_upstream}/health", timeout=5).status_code == 200  # --upstream: not ours to stop
 
 
 def test_vllm_exit_status_reads_the_same_and_its_engine_is_stopped(fake_vllm: Path, tmp_path: Path, cleanup):
