@@ -12,6 +12,11 @@ repeated to fill the batch.
   step: rows, the importance-sampling forward, the update, and the weight export for the sync (merged LoRA); then
   three whole GRPO steps per mode through ``trainer.train()`` with the recorded rollouts replayed.
 
+- Memory (CPU or GPU): peak memory and time of one update (IS forward + forward/backward) of 4, 16 and 64 rows of
+  about 2k tokens on a tiny random Llama, each in a fresh subprocess, with ``max_tokens_per_forward=8192`` (and, for
+  contrast, 4 and 16 rows without it): the growth of the peak over the process's state before the update (CPU: peak
+  RSS, ``ru_maxrss``; GPU: ``torch.cuda.max_memory_allocated``) should not follow the row count.
+
 Run: ``python bench/train_step.py`` (no arguments).
 """
 
@@ -19,7 +24,11 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import fields
@@ -42,6 +51,7 @@ from aitlrt.training.weight_sync import host_state_dict
 GPU = torch.cuda.is_available()
 ROWS, MAX_ROW, ROUNDS = (16, 4096, 6) if GPU else (2, 1200, 2)
 RATIO_GOAL = 0.95
+MEMORY_ROWS, MEMORY_BUDGET, MEMORY_GOAL = (4, 16, 64), 8192, 1.3
 TRACES = Path(__file__).with_name("data") / "aider_traces.jsonl"
 
 
@@ -232,10 +242,92 @@ def main() -> None:
         print("\none full step of the CPU demo (2 rollouts, real Aider, vLLM CPU):")
         for key, value in split.items():
             print(f"  {key:<18} {value:>8.1f} s")
+    memory = memory_report()
     for mode, r in results.items():
         ratio = r["plain"] / r["agent"]
         verdict = "PASS" if ratio >= RATIO_GOAL else "MISS"
         print(f"TARGET update_throughput_ratio_{mode} {ratio:.3f} {RATIO_GOAL} {verdict}")
+    ratio = memory[(MEMORY_ROWS[-1], MEMORY_BUDGET)]["grown"] / memory[(MEMORY_ROWS[0], MEMORY_BUDGET)]["grown"]
+    verdict = "PASS" if ratio <= MEMORY_GOAL else "MISS"
+    print(f"TARGET peak_mem_{MEMORY_ROWS[-1]}_over_{MEMORY_ROWS[0]} {ratio:.3f} {MEMORY_GOAL} {verdict}")
+
+
+def peak_bytes() -> int:
+    if GPU:
+        return torch.cuda.max_memory_allocated()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def memory_step(count: int, budget: int | None) -> dict[str, float]:
+    """One update of ``count`` random rows of about 2k tokens on a tiny random Llama under ``budget`` (run in a
+    fresh process): the peak memory, its growth over the state before the update, and the seconds."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=2048,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=4096,
+    )
+    model = LlamaForCausalLM(config).to("cuda" if GPU else "cpu").train()
+    rng = random.Random(0)
+    rows = []
+    for _ in range(count):
+        prompt, completion = rng.randint(1400, 1600), rng.randint(400, 500)
+        ids = [rng.randrange(2, 2048) for _ in range(prompt + completion)]
+        rows.append(Row(ids[:prompt], ids[prompt:], [1] * completion, [-7.6] * completion))
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = AgentGRPOTrainer(
+            model=model,
+            reward_funcs=[lambda **k: [0.0] * len(k["prompts"])],
+            args=AgentGRPOConfig(
+                output_dir=tmp,
+                proxy_url="http://unused",
+                per_device_train_batch_size=count,
+                num_generations=2,
+                report_to=[],
+                bf16=False,
+                max_tokens_per_forward=budget,
+                weight_probe=False,
+            ),
+            train_dataset=Dataset.from_list([{"prompt": "p", "instance_id": "x", "problem_statement": "p"}] * 2),
+            processing_class=tokenizer_for(),
+            agent=object(),
+        )
+        trainer.current_gradient_accumulation_steps = 1
+        advantages = torch.randn(count, generator=torch.Generator().manual_seed(0)).tolist()
+        sync()
+        before = peak_bytes()
+        started = time.perf_counter()
+        batch, _ = trainer._batch(rows, list(range(count)), advantages, "train")
+        trainer.compute_loss(model, batch).backward()
+        sync()
+        seconds = time.perf_counter() - started
+    peak = peak_bytes()
+    return {"peak": peak / 1e6, "grown": (peak - before) / 1e6, "seconds": seconds}
+
+
+def memory_report() -> dict[tuple[int, int | None], dict[str, float]]:
+    """The memory table: one fresh process per (rows, budget)."""
+    runs: list[tuple[int, int | None]] = [(n, MEMORY_BUDGET) for n in MEMORY_ROWS] + [(4, None), (16, None)]
+    results = {}
+    for count, budget in runs:
+        cmd = [sys.executable, __file__, "--memory", str(count), str(budget)]
+        # glibc keeps freed large blocks in its heap (RSS stays at their high-water mark); mmap them instead, so the
+        # CPU peak RSS follows the live tensors
+        env = os.environ | {"MALLOC_MMAP_THRESHOLD_": "65536"}
+        done = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
+        results[(count, budget)] = json.loads(done.stdout.strip().splitlines()[-1])
+    unit = "max_memory_allocated" if GPU else "peak RSS"
+    print(f"\none update (IS forward + loss) of rows of ~2k tokens, tiny random Llama, fresh process each ({unit}):")
+    print(f"{'rows':>5} {'budget':>7} {'peak MB':>8} {'grown MB':>9} {'s/update':>9}")
+    for (count, budget), r in results.items():
+        print(f"{count:>5} {budget or '-':>7} {r['peak']:>8.0f} {r['grown']:>9.0f} {r['seconds']:>9.2f}")
+    return results
 
 
 class ReplayTrainer(AgentGRPOTrainer):
@@ -327,4 +419,7 @@ def full_step_split() -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--memory"]:
+        print(json.dumps(memory_step(int(sys.argv[2]), None if sys.argv[3] == "None" else int(sys.argv[3]))))
+    else:
+        main()

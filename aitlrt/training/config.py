@@ -45,6 +45,15 @@ class AgentGRPOConfig(GRPOConfig):
     )
     context_window: int = field(default=8192, metadata={"help": "context window told to the agent"})
     max_row_tokens: int = field(default=8192, metadata={"help": "tokens per training row; longer rows become windows"})
+    max_tokens_per_forward: int | None = field(
+        default=16384,
+        metadata={
+            "help": "padded tokens (rows x (longest prompt + longest completion)) per forward/backward pass of the "
+            "update and of the old/ref logprob forwards: a step's rows are split into micro-batches of similar "
+            "length, their gradients accumulated (the loss is the whole batch's for every loss_type); a row longer "
+            "than this goes alone; None: one pass over all of a micro-step's rows"
+        },
+    )
     include_non_policy_calls: bool = field(
         default=False, metadata={"help": "also train on tagged calls (Aider's weak-model summaries)"}
     )

@@ -23,6 +23,15 @@ zero-loss padding rows its rank got (``_rollout_weights`` scales the rows' advan
   micro-batch x ``max_completion_length``).
 With ``beta != 0`` (token-normalised losses only, ``AgentGRPOConfig``) the KL term is weighted per token as the
 policy term is.
+
+Memory: every forward/backward holds at most ``max_tokens_per_forward`` padded tokens (``micro_batches``: rows of
+similar length together, each micro-batch padded to its own longest row). ``compute_loss`` runs trl's loss on each
+micro-batch of the chunk, backward on all but the last (returned to the Trainer's backward), scaled so the sum is
+trl's loss of the whole chunk: x1 for ``dapo``/``cispo``/``vespo`` (global ``num_items_in_batch``), x(micro-batch
+trained tokens / chunk trained tokens) for ``bnpo``, x(micro-batch rows / chunk rows) for ``grpo``/``sapo``/
+``luspo``/``dr_grpo``; the KL term is inside trl's per-token loss and scales with it. Its logged metrics are merged
+per chunk (min/max keys: min/max; the others: weighted by each pass's trained tokens, all ranks). Every rank runs the
+largest rank's number of passes (ZeRO-3 collectives): the extra ones are zero-loss passes over one row.
 """
 
 from __future__ import annotations
@@ -34,11 +43,13 @@ import statistics
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
 
 import torch
-from accelerate.utils import gather, gather_object
+from accelerate.utils import DistributedType, gather, gather_object
 from trl import GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import nanmax, nanmin, pad, use_adapter
@@ -54,6 +65,55 @@ from aitlrt.training.rows import Row, RowStats, build_rows
 from aitlrt.training.weight_sync import make_weight_sync, proxy_request
 
 log = logging.getLogger(__name__)
+
+PROMPT_KEYS = ("prompt_ids", "prompt_mask")
+
+
+def micro_batches(prompt_lens: list[int], completion_lens: list[int], budget: int | None) -> list[list[int]]:
+    """Row indices in micro-batches whose padded size, rows x (longest prompt + longest completion), fits
+    ``budget`` (a longer row goes alone; None: one micro-batch), longest rows first so similar lengths share one."""
+    if budget is None:
+        return [list(range(len(prompt_lens)))] if prompt_lens else []
+    order = sorted(range(len(prompt_lens)), key=lambda i: (prompt_lens[i] + completion_lens[i], prompt_lens[i]))
+    groups: list[list[int]] = []
+    current: list[int] = []
+    width_p = width_c = 0
+    for i in reversed(order):
+        p, c = max(width_p, prompt_lens[i]), max(width_c, completion_lens[i])
+        if current and (len(current) + 1) * (p + c) > budget:
+            groups.append(sorted(current))
+            current, p, c = [], prompt_lens[i], completion_lens[i]
+        current.append(i)
+        width_p, width_c = p, c
+    if current:
+        groups.append(sorted(current))
+    return groups
+
+
+def slice_rows(batch: dict[str, Any], rows: list[int], multiple: int | None = None) -> dict[str, Any]:
+    """``batch`` (trl's: prompts left-padded, completion-aligned tensors right-padded) restricted to ``rows`` and
+    padded only to their own longest prompt and completion (rounded up to ``multiple``: trl's
+    ``pad_to_multiple_of``)."""
+
+    def rounded(needed: int, full: int) -> int:
+        return min(full, -(-needed // multiple) * multiple) if multiple else needed
+
+    index = torch.tensor(rows, device=batch["prompt_mask"].device)
+    width = batch["completion_mask"].size(1)
+    prompt_width = rounded(int(batch["prompt_mask"][index].sum(dim=1).max()), batch["prompt_mask"].size(1))
+    completion_width = rounded(max(1, int(batch["completion_mask"][index].sum(dim=1).max())), width)
+    out: dict[str, Any] = {}
+    for key, value in batch.items():
+        if not isinstance(value, torch.Tensor) or value.dim() == 0:
+            out[key] = value
+            continue
+        value = value[index]
+        if key in PROMPT_KEYS:
+            value = value[:, value.size(1) - prompt_width :]
+        elif value.dim() == 2 and value.size(1) == width:
+            value = value[:, :completion_width]
+        out[key] = value
+    return out
 
 
 class WeightVersionError(RuntimeError):
@@ -255,7 +315,7 @@ class AgentGRPOTrainer(GRPOTrainer):
             "sampling_per_token_logps": sampler,
             "num_items_in_batch": gather(loss_mask.sum()).sum(),
         }
-        old, ref = self._fixed_logps(prompt_ids, prompt_mask, completion_ids, completion_mask, mode)
+        old, ref = self._fixed_logps(prompt_ids, prompt_mask, completion_ids, completion_mask)
         gap = None
         if old is not None:
             out["old_per_token_logps"] = old
@@ -279,34 +339,147 @@ class AgentGRPOTrainer(GRPOTrainer):
         prompt_mask: torch.Tensor,
         completion_ids: torch.Tensor,
         completion_mask: torch.Tensor,
-        mode: str,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Per-token logprobs without gradient, chunked as trl does: the policy's (``old_per_token_logps``) where trl
-        computes them (importance sampling on, or generation not aligned with the optimizer steps: else trl's PPO
-        ratio is 1 by construction), and the reference's with ``beta != 0`` (the ref model; under PEFT the base
-        model, adapters disabled, or the adapter named ``ref``)."""
+        """Per-token logprobs without gradient, in ``max_tokens_per_forward`` micro-batches: the policy's
+        (``old_per_token_logps``) where trl computes them (importance sampling on, or generation not aligned with the
+        optimizer steps: else trl's PPO ratio is 1 by construction), and the reference's with ``beta != 0`` (the ref
+        model; under PEFT the base model, adapters disabled, or the adapter named ``ref``)."""
         generate_every = cast(int, self.args.steps_per_generation) * self.num_iterations
         needs_old = self.args.vllm_importance_sampling_correction or (
             self.args.gradient_accumulation_steps % generate_every != 0
         )
         if not needs_old and self.beta == 0.0:
             return None, None
-        ids = torch.cat([prompt_ids, completion_ids], dim=1)
-        attention = torch.cat([prompt_mask, completion_mask], dim=1)
-        keep = completion_ids.size(1)
-        size = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
+        batch = {
+            "prompt_ids": prompt_ids,
+            "prompt_mask": prompt_mask,
+            "completion_ids": completion_ids,
+            "completion_mask": completion_mask,
+        }
+        groups, real = self._passes(batch)
         old = ref = None
         policy, checkpointing = cast(Any, self.model), cast(Any, self.args.gradient_checkpointing_kwargs)
         with torch.no_grad(), disable_gradient_checkpointing(policy, checkpointing):
             if needs_old:
-                old = self._get_per_token_logps_and_entropies(self.model, ids, attention, keep, batch_size=size)[0]
+                old = self._logps(self.model, batch, groups, real)
             if self.beta != 0.0 and self.ref_model is not None:
-                ref = self._get_per_token_logps_and_entropies(self.ref_model, ids, attention, keep, batch_size=size)[0]
+                ref = self._logps(self.ref_model, batch, groups, real)
             elif self.beta != 0.0:
                 model = self.accelerator.unwrap_model(self.model)
                 with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
-                    ref = self._get_per_token_logps_and_entropies(self.model, ids, attention, keep, batch_size=size)[0]
+                    ref = self._logps(self.model, batch, groups, real)
         return old, ref
+
+    def _passes(self, batch: dict[str, Any]) -> tuple[list[list[int]], int]:
+        """``batch``'s micro-batches (``micro_batches``), then zero-loss one-row passes up to the largest rank's
+        count, so that every rank runs as many forwards (ZeRO-3 collectives); and how many are real."""
+        groups = micro_batches(
+            batch["prompt_mask"].sum(dim=1).tolist(),
+            batch["completion_mask"].sum(dim=1).tolist(),
+            self.args.max_tokens_per_forward,
+        )
+        passes = int(gather(torch.tensor([len(groups)], device=self.accelerator.device)).max())
+        return groups + [[groups[-1][-1]]] * (passes - len(groups)), len(groups)
+
+    def _logps(self, model: Any, batch: dict[str, Any], groups: list[list[int]], real: int) -> torch.Tensor:
+        """``model``'s per-token completion logprobs of ``batch``, one forward per micro-batch (0 past a row's
+        completion); the passes from ``real`` on run only to keep collectives matched."""
+        out = torch.zeros(batch["completion_ids"].shape, device=batch["completion_ids"].device)
+        for i, rows in enumerate(groups):
+            part = slice_rows(batch, rows, cast(int | None, self.pad_to_multiple_of))
+            ids = torch.cat([part["prompt_ids"], part["completion_ids"]], dim=1)
+            attention = torch.cat([part["prompt_mask"], part["completion_mask"]], dim=1)
+            keep = part["completion_ids"].size(1)
+            logps = self._get_per_token_logps_and_entropies(model, ids, attention, keep)[0]
+            if i < real:
+                out[torch.tensor(rows, device=out.device), :keep] = logps.float()
+        return out
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """trl's loss of ``inputs`` in ``max_tokens_per_forward`` micro-batches: backward on all but the last, which
+        the Trainer backpropagates; each scaled so their sum is the whole chunk's loss (module docstring)."""
+        if return_outputs or not torch.is_grad_enabled():
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        mask = inputs["completion_mask"] * inputs["tool_mask"]
+        groups, real = self._passes(inputs)
+        tokens = [float(mask[rows].sum()) if i < real else 0.0 for i, rows in enumerate(groups)]
+        weights = gather(torch.tensor([tokens], device=mask.device)).sum(dim=0).tolist()
+        metrics = self._metrics["train" if model.training else "eval"]
+        marks = {key: len(values) for key, values in metrics.items()}
+        done = torch.zeros((), device=mask.device)
+        loss = done
+        with self._ragged_gathers():
+            for i, rows in enumerate(groups):
+                scale = self._part_scale(rows, mask, i < real)
+                multiple = cast(int | None, self.pad_to_multiple_of)
+                loss = super().compute_loss(model, slice_rows(inputs, rows, multiple)) * scale
+                if i < len(groups) - 1:
+                    self._backward_part(loss)
+                    done = done + loss.detach()
+        self._merge_metrics(metrics, marks, weights)
+        return loss + done
+
+    @contextmanager
+    def _ragged_gathers(self) -> Iterator[None]:
+        """trl gathers per-row values (its clip-ratio min/max) over ranks, whose micro-batches hold different row
+        counts: within this, 1-D float gathers are padded across ranks with NaN, which trl's nanmin/nanmax skip."""
+        accelerator = self.accelerator
+        plain = accelerator.gather
+
+        def gather_rows(tensor: Any) -> Any:
+            if isinstance(tensor, torch.Tensor) and tensor.dim() == 1 and tensor.is_floating_point():
+                tensor = accelerator.pad_across_processes(tensor, pad_index=math.nan)
+            return plain(tensor)
+
+        accelerator.gather = gather_rows  # an instance attribute, removed below
+        try:
+            yield
+        finally:
+            delattr(accelerator, "gather")
+
+    def _part_scale(self, rows: list[int], mask: torch.Tensor, real: bool) -> float:
+        """The factor on trl's loss of micro-batch ``rows`` that makes the micro-batches sum to the chunk's loss
+        (``mask``: the chunk's trained tokens); 0 for a padding pass."""
+        if not real:
+            return 0.0
+        if self.loss_type in ROW_NORMALISED_LOSSES:  # trl: mean over the micro-batch's rows
+            return len(rows) / mask.size(0)
+        if self.loss_type == "bnpo":  # trl: over the micro-batch's trained tokens
+            return max(1.0, float(mask[rows].sum())) / max(1.0, float(mask.sum()))
+        return 1.0  # dapo, cispo, vespo: over the generation batch's tokens (num_items_in_batch)
+
+    def _backward_part(self, loss: torch.Tensor) -> None:
+        """Backward of one micro-batch that is not the chunk's last: gradients accumulate, no optimizer step."""
+        if self.accelerator.distributed_type == DistributedType.DEEPSPEED:
+            engine = cast(Any, self.accelerator.deepspeed_engine_wrapped).engine
+            engine.set_gradient_accumulation_boundary(False)  # accelerate's backward would step the engine
+            engine.backward(loss, scale_wrt_gas=False)  # as the Trainer's own backward
+        else:
+            self.accelerator.backward(loss)
+
+    @staticmethod
+    def _merge_metrics(metrics: dict[str, list[float]], marks: dict[str, int], weights: list[float]) -> None:
+        """Merge the entries trl logged per micro-batch pass into one per chunk: min/max keys by min/max,
+        ``entropy_coef`` its last, the others weighted by each pass's trained tokens over all ranks (``weights``)."""
+        for key, values in metrics.items():
+            new = torch.tensor(values[marks.get(key, 0) :], dtype=torch.float64)
+            if new.numel() < 2:
+                continue
+            if key.endswith("min"):
+                merged = nanmin(new)
+            elif key.endswith("max"):
+                merged = nanmax(new)
+            elif key == "entropy_coef":
+                merged = new[-1]
+            else:
+                weight = torch.tensor(weights, dtype=torch.float64) if new.numel() == len(weights) else None
+                keep = ~new.isnan()
+                if weight is None or weight[keep].sum() == 0:
+                    merged = new.nanmean()
+                else:
+                    merged = (new[keep] * weight[keep]).sum() / weight[keep].sum()
+            del values[marks.get(key, 0) :]
+            values.append(float(merged))
 
     def _importance_sampling_ratio(self, diff: torch.Tensor, owner: torch.Tensor, rollouts: int) -> torch.Tensor:
         """trl's importance-sampling ratio for ``vllm_importance_sampling_mode`` and its clip bounds, from each

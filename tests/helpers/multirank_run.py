@@ -1,14 +1,19 @@
-"""One rank of the multi-rank check (run by ``tests/test_multirank.py`` under torchrun, CPU/gloo).
+"""One rank of the multi-rank checks (run by ``tests/integration/test_multirank.py`` under torchrun, CPU/gloo).
 
-A tiny random Llama is trained for two steps; a small agent of ours opens a new conversation per call, so every
-call is its own row, and its rollouts make 1-2 calls on rank 0 and 6-7 on rank 1: the ranks hold very different row
-counts, and each group of ``num_generations`` rollouts straddles the ranks.
+``main``: a tiny random Llama is trained for two steps; a small agent of ours opens a new conversation per call, so
+every call is its own row, and its rollouts make 1-2 calls on rank 0 and 6-7 on rank 1: the ranks hold very
+different row counts, and each group of ``num_generations`` rollouts straddles the ranks.
+
+``micro_batch_main``: one chunk of crafted rows (rank 0: 2 short rows, rank 1: 9 rows; one rank: all of them)
+under a tiny ``max_tokens_per_forward``; saves the loss, the rank-averaged gradients (as DDP's) and the number of
+forward passes each rank ran and its own micro-batches.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import random
 import sys
 import time
 from pathlib import Path
@@ -22,7 +27,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from aitlrt.rollout.agents import AgentExit
 from aitlrt.tasks.task import task_from_row
 from aitlrt.training.config import AgentGRPOConfig
-from aitlrt.training.trainer import AgentGRPOTrainer
+from aitlrt.training.rows import Row
+from aitlrt.training.trainer import AgentGRPOTrainer, micro_batches
 
 
 class CountingAgent:
@@ -111,5 +117,67 @@ def main(proxy: str, repo: str, out: str) -> None:
     Path(out, f"rank{rank}.done").write_text(f"{trainer.state.global_step} {counts}\n")
 
 
+MICRO_ADVANTAGES = [1.0, -0.5, 0.25, -1.5]
+
+
+def micro_rows(rollouts: list[int]) -> tuple[list[Row], list[int]]:
+    """The rows of ``rollouts`` (of 4) and their owners, local indices: rollouts 0 and 1 one short row each,
+    2 and 3 four and five rows of 4-20 prompt and 3-12 completion tokens."""
+    rng = random.Random(0)
+    rows, owners = [], []
+    for rollout, count in enumerate([1, 1, 4, 5]):
+        for _ in range(count):
+            prompt = [rng.randrange(2, 2048) for _ in range(rng.randint(4, 20) if rollout > 1 else 2)]
+            completion = [rng.randrange(2, 2048) for _ in range(rng.randint(3, 12) if rollout > 1 else 3)]
+            row = Row(prompt, completion, [1] * len(completion), [-7.5 + 0.05 * rng.random() for _ in completion])
+            if rollout in rollouts:
+                rows.append(row)
+                owners.append(rollouts.index(rollout))
+    return rows, owners
+
+
+def micro_batch_main(repo: str, out: str, loss_type: str, budget: str) -> None:
+    trainer = tiny_trainer(
+        "http://127.0.0.1:9",
+        repo,
+        str(Path(out) / "run"),
+        per_device_train_batch_size=4,
+        max_completion_length=64,
+        loss_type=loss_type,
+        max_tokens_per_forward=int(budget),
+    )
+    world, rank = trainer.accelerator.num_processes, trainer.accelerator.process_index
+    rollouts = [0, 1, 2, 3] if world == 1 else [2 * rank, 2 * rank + 1]
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    forwards = 0
+    forward = trainer._get_per_token_logps_and_entropies
+
+    def counted(*args, **kwargs):
+        nonlocal forwards
+        forwards += 1
+        return forward(*args, **kwargs)
+
+    trainer._get_per_token_logps_and_entropies = counted  # type: ignore[method-assign]
+    rows, owners = micro_rows(rollouts)
+    batch = trainer._batch(rows, owners, [MICRO_ADVANTAGES[r] for r in rollouts], "train")[0]
+    lengths = batch["prompt_mask"].sum(dim=1).tolist(), batch["completion_mask"].sum(dim=1).tolist()
+    own = len(micro_batches(*lengths, int(budget)))  # the rank's own micro-batches, before padding passes
+    loss = trainer.compute_loss(trainer.model, batch)
+    loss.backward()
+    grads = [p.grad for p in trainer.model.parameters()]
+    if world > 1:
+        for grad in grads:
+            torch.distributed.all_reduce(grad)
+            grad /= world
+        torch.distributed.all_reduce(loss := loss.detach())
+        loss /= world
+    saved = {"loss": loss.item(), "grads": grads, "forwards": forwards, "own": own}
+    torch.save(saved, Path(out) / f"w{world}r{rank}.pt")
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    if sys.argv[1] == "--micro-batches":
+        micro_batch_main(*sys.argv[2:6])
+    else:
+        main(*sys.argv[1:4])

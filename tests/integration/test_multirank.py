@@ -1,6 +1,7 @@
 """Two ranks (torchrun, CPU/gloo) with rollouts of very different call counts: the run finishes (every rank runs
 the same number of forward/backward passes) and each group's advantages are computed over the whole group, as
-one rank computes them, although the group's rollouts sit on both ranks."""
+one rank computes them, although the group's rollouts sit on both ranks; under a tiny ``max_tokens_per_forward``
+two ranks of very unequal rows run as many passes each and give one rank's loss and gradients."""
 
 from __future__ import annotations
 
@@ -16,6 +17,36 @@ from aitlrt.common.procs import free_port
 from aitlrt.training.advantages import group_advantages
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def torchrun(ranks: int, *args: str) -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(ranks),
+        "--master_port",
+        str(free_port()),
+        str(ROOT / "tests" / "helpers" / "multirank_run.py"),
+        *args,
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+def test_micro_batches_on_unequal_ranks_give_one_ranks_loss_and_gradients(make_repo, tmp_path, loss_type):
+    repo = make_repo({"README": "tiny\n"})
+    for ranks in (1, 2):
+        torchrun(ranks, "--micro-batches", str(repo), str(tmp_path), loss_type, "48")
+    one, *two = (torch.load(tmp_path / name) for name in ("w1r0.pt", "w2r0.pt", "w2r1.pt"))
+    assert two[0]["own"] < two[1]["own"]  # rank 0's 2 short rows: fewer micro-batches than rank 1's 9 rows
+    assert two[0]["forwards"] == two[1]["forwards"] > two[1]["own"]  # padding passes: same count on both ranks
+    assert two[0]["loss"] == two[1]["loss"] == pytest.approx(one["loss"], rel=1e-5, abs=1e-7)
+    assert one["loss"] != 0.0
+    for x, y in zip(one["grads"], two[0]["grads"], strict=True):
+        torch.testing.assert_close(y, x, rtol=1e-4, atol=1e-7)
 
 
 def test_two_ranks_with_unequal_rows_finish_with_whole_group_advantages(
