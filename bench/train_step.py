@@ -255,7 +255,12 @@ def main() -> None:
 def peak_bytes() -> int:
     if GPU:
         return torch.cuda.max_memory_allocated()
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    # VmHWM: the peak RSS of this process's own memory. Not ru_maxrss, which Linux carries over from the parent
+    # across fork + exec (a parent of 9 GB made every child's peak 9 GB).
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024  # kB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # no procfs: KiB on Linux
 
 
 def memory_step(count: int, budget: int | None) -> dict[str, float]:

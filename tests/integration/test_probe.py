@@ -85,7 +85,7 @@ def test_the_probe_passes_while_the_server_serves_the_policy_and_fails_the_step_
     config = AgentGRPOConfig(
         output_dir=str(tmp_path / "run"),
         proxy_url=served.url,
-        agent="single-call",
+        agent="aider-warm",  # the real agent, end to end
         max_steps=3,
         per_device_train_batch_size=2,
         num_generations=2,
