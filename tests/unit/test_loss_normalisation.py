@@ -47,21 +47,6 @@ def assert_same(a, b) -> None:
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-7)
 
 
-@pytest.fixture(scope="module")
-def trainer(tmp_path_factory):
-    out = tmp_path_factory.mktemp("loss")
-    t = tiny_trainer(
-        "http://127.0.0.1:9",
-        str(out / "repo"),
-        str(out / "run"),
-        per_device_train_batch_size=4,
-        max_completion_length=64,
-    )
-    t.model.train()
-    t.current_gradient_accumulation_steps = 1
-    return t
-
-
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
 def test_a_rollout_split_into_rows_weighs_as_one_row(trainer, loss_type):
     trainer.loss_type = loss_type

@@ -11,7 +11,6 @@ import torch
 
 from aitlrt.training.rows import Row
 from aitlrt.training.trainer import micro_batches
-from tests.helpers.multirank_run import tiny_trainer
 
 ADVANTAGES = [1.0, -0.5, 0.25, -1.5]
 LOSS_TYPES = ["dapo", "bnpo", "grpo", "dr_grpo", "sapo", "luspo", "cispo"]
@@ -43,21 +42,6 @@ def run(trainer, budget: int | None) -> tuple[float, list[torch.Tensor], dict, d
     grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
     metrics = {key: values[-1] for key, values in trainer._metrics["train"].items() if values}
     return loss.item(), grads, batch, metrics
-
-
-@pytest.fixture(scope="module")
-def trainer(tmp_path_factory):
-    out = tmp_path_factory.mktemp("micro")
-    t = tiny_trainer(
-        "http://127.0.0.1:9",
-        str(out / "repo"),
-        str(out / "run"),
-        per_device_train_batch_size=4,
-        max_completion_length=64,
-    )
-    t.model.train()
-    t.current_gradient_accumulation_steps = 1
-    return t
 
 
 def test_micro_batches_fit_the_budget_and_cover_every_row_once():

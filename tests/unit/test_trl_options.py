@@ -40,17 +40,6 @@ def config(tmp_path, **kw) -> AgentGRPOConfig:
     )
 
 
-@pytest.fixture(scope="module")
-def trainer(tmp_path_factory):
-    out = tmp_path_factory.mktemp("options")
-    t = tiny_trainer(
-        UNUSED, str(out / "repo"), str(out / "run"), per_device_train_batch_size=4, max_completion_length=64
-    )
-    t.model.train()
-    t.current_gradient_accumulation_steps = 1
-    return t
-
-
 def policy_logps(trainer, batch) -> torch.Tensor:
     with torch.no_grad():
         return trainer._get_per_token_logps_and_entropies(
