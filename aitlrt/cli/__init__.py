@@ -21,7 +21,9 @@ def main(argv: list[str] | None = None) -> None:
     from aitlrt.cli import demo as demo_cli
     from aitlrt.cli import eval as eval_cli
     from aitlrt.cli import rollout as rollout_cli
+    from aitlrt.cli import sft as sft_cli
     from aitlrt.cli import tasks as tasks_cli
+    from aitlrt.cli import trajectories as trajectories_cli
     from aitlrt.common.logs import setup_logging
 
     setup_logging()
@@ -36,6 +38,8 @@ def main(argv: list[str] | None = None) -> None:
     rollout_cli.add_parser(verbs)
     tasks_cli.add_parser(verbs)
     eval_cli.add_parser(verbs)
+    trajectories_cli.add_parser(verbs)
+    sft_cli.add_parser(verbs)
     report = verbs.add_parser("report", help="write RUN_DIR/report.html from a training run's saved rollouts")
     report.add_argument("run_dir", type=Path)
     verbs.add_parser(
@@ -58,6 +62,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(tasks_cli.run(args))
     elif args.verb == "eval":
         eval_cli.run(args)
+    elif args.verb == "trajectories":
+        sys.exit(trajectories_cli.run(args))
+    elif args.verb == "sft":
+        sys.exit(sft_cli.run(args))
     elif args.verb == "report":
         from aitlrt.report.html import read_run, write_report
 

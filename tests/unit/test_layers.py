@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"aitlrt": ROOT / "aitlrt", "aitlrt_server": ROOT / "server"}
-LAYERS = ["common", "tasks", "serving", "rollout", "rewards", "report", "training evaluation", "cli train"]
+LAYERS = ["common", "tasks", "serving", "rollout", "rewards", "report", "training evaluation warmstart", "cli train"]
 RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts.split()}
 TOP = len(LAYERS) - 1
 SERVER_MAY_IMPORT = "aitlrt.common"
