@@ -95,6 +95,36 @@ class AgentGRPOConfig(GRPOConfig):
         },
     )
     save_rollouts: bool = field(default=True, metadata={"help": "write OUTPUT/rollouts/step_XXXX.jsonl"})
+    min_informative_groups: int = field(
+        default=1,
+        metadata={
+            "help": "dynamic sampling: a group whose rewards have zero variance carries no gradient and is not "
+            "trained on; a step keeps rolling out further task groups (new tasks from the dataset, as many per round "
+            "as a step has) until this many groups (over all ranks) are informative or max_sampling_rounds is "
+            "reached; with none informative the update is skipped (no forward/backward, no optimizer step)"
+        },
+    )
+    max_sampling_rounds: int = field(
+        default=3, metadata={"help": "dynamic sampling: rounds of rollouts per step at most (1: no extra rounds)"}
+    )
+    task_difficulty_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "curriculum: the sidecar of `aitlrt tasks probe` (each task's reward mean and pass rate under "
+            "the policy); tasks are drawn by difficulty: always solved ones never, mixed ones first, "
+            "curriculum_failed_share of the draws from always-failed ones"
+        },
+    )
+    curriculum_failed_share: float = field(
+        default=0.2, metadata={"help": "curriculum: share of task draws given to tasks the probe never solved"}
+    )
+    curriculum_update: bool = field(
+        default=True,
+        metadata={
+            "help": "curriculum: update each task's difficulty from the rewards of its training rollouts (an online "
+            "re-probe: a task whose every rollout is solved drops out)"
+        },
+    )
     weight_probe: bool = field(
         default=True,
         metadata={
@@ -134,6 +164,10 @@ class AgentGRPOConfig(GRPOConfig):
         if self.weight_version_check not in ("error", "warn"):
             raise ValueError(f"weight_version_check must be error or warn, got {self.weight_version_check!r}")
         self._refuse_unsupported()
+        if self.min_informative_groups < 0 or self.max_sampling_rounds < 1:
+            raise ValueError("min_informative_groups must be >= 0 and max_sampling_rounds >= 1")
+        if not 0.0 <= self.curriculum_failed_share <= 1.0:
+            raise ValueError(f"curriculum_failed_share must be in [0, 1], got {self.curriculum_failed_share}")
 
     def _refuse_unsupported(self) -> None:
         """Refuse the trl settings this trainer cannot honour, saying why and what to use instead."""
