@@ -45,6 +45,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -116,6 +117,47 @@ def slice_rows(batch: dict[str, Any], rows: list[int], multiple: int | None = No
     return out
 
 
+def informative_groups(weighted: torch.Tensor, zero_std: torch.Tensor, group: int) -> torch.Tensor:
+    """Per rollout (laid out group after group): whether its group carries a gradient, i.e. has reward variance
+    (``zero_std`` False) among at least two scorable rollouts (``weighted`` not NaN)."""
+    scorable = (~torch.isnan(weighted)).view(-1, group).sum(dim=1) >= 2
+    varied = ~zero_std.view(-1, group).all(dim=1)
+    return (scorable & varied).repeat_interleave(group)
+
+
+@dataclass
+class SamplingRound:
+    """One round of rollouts of a step: this rank's inputs and outcomes, the rewards and advantages of every
+    rank's (gathered, group after group) and which of them belong to informative groups."""
+
+    inputs: list[dict[str, Any]]
+    outcomes: list[RolloutOutcome]
+    rewards_per_func: torch.Tensor
+    weighted: torch.Tensor
+    advantages: torch.Tensor
+    zero_std: torch.Tensor
+    informative: torch.Tensor
+    local: slice
+    """This rank's rollouts in the gathered tensors."""
+    instance_ids: list[str]
+    """Every rank's rollouts' task ids, gathered."""
+    group: int
+    rollout_s: float
+    reward_s: float
+
+    @property
+    def groups(self) -> int:
+        return len(self.instance_ids) // self.group
+
+    @property
+    def informative_groups(self) -> int:
+        return int(self.informative.sum()) // self.group
+
+    def kept(self, i: int) -> bool:
+        """Whether this rank's rollout ``i`` is trained on."""
+        return bool(self.informative[self.local][i])
+
+
 class WeightVersionError(RuntimeError):
     """Rows were sampled by another weight version than the trainer synced: the sync silently failed."""
 
@@ -138,6 +180,10 @@ class AgentGRPOTrainer(GRPOTrainer):
         self._checkouts: dict[str, tuple[Path, str]] = {}
         self._runner: RolloutRunner | None = None  # one for the whole run: it keeps the recycled workspaces
         self._generation_s = 0.0
+        self._skip_update = False  # this generation's groups all lacked reward variance (dynamic sampling)
+        self._prepared: Any = None
+        self._weights_changed = False  # an update ran since the last sync
+        self._curriculum: Any = None
 
     # ---- the weight sync ---------------------------------------------------------------------------------------
     def sync_weights(self) -> float:
@@ -149,6 +195,7 @@ class AgentGRPOTrainer(GRPOTrainer):
             self.weight_version = version
             self._probe_weights()
         self._synced_step = self.state.global_step
+        self._weights_changed = False
         return time.monotonic() - started
 
     def _probe_weights(self) -> None:
@@ -217,7 +264,50 @@ class AgentGRPOTrainer(GRPOTrainer):
         mode = "train" if cast(torch.nn.Module, self.model).training else "eval"
         t0 = time.monotonic()
         self._connect()
-        sync_s = self.sync_weights() if self.state.global_step != self._synced_step else 0.0
+        sync_s = 0.0
+        if self.state.global_step != self._synced_step and self._weights_changed:
+            sync_s = self.sync_weights()
+        group = cast(int, self.num_generations if mode == "train" else self.num_generations_eval)  # set by trl
+        rounds = [self._sample_round(inputs, mode, group)]
+        limit = self.args.max_sampling_rounds if mode == "train" else 1
+        while len(rounds) < limit and sum(r.informative_groups for r in rounds) < self.args.min_informative_groups:
+            rounds.append(self._sample_round(self._more_inputs(len(inputs), group, rounds), mode, group))
+        informative = sum(r.informative_groups for r in rounds)
+        self._skip_update = mode == "train" and informative == 0
+        t3 = time.monotonic()
+
+        # Dynamic sampling: only the rollouts of groups with reward variance are trained on (training mode).
+        keep = [(r, i) for r in rounds for i in range(len(r.outcomes)) if mode != "train" or r.kept(i)]
+        outcomes = [r.outcomes[i] for r, i in keep]
+        rows, owners, stats = self._rows(outcomes)
+        advantages = [float(r.advantages[r.local][i]) for r, i in keep]
+        batch, gap = self._batch(rows, owners, advantages, mode, self._truncated(outcomes))
+        t4 = time.monotonic()
+        self._log_step(mode, group, rounds, rows, stats, batch, gap)
+        metrics = self._metrics[mode]
+        metrics["sampling/groups"].append(float(sum(r.groups for r in rounds)))
+        metrics["sampling/informative_groups"].append(float(informative))
+        metrics["sampling/rounds"].append(float(len(rounds)))
+        metrics["sampling/skipped_update"].append(float(self._skip_update))
+        metrics["time/sync_s"].append(sync_s)
+        metrics["time/rollouts_s"].append(sum(r.rollout_s for r in rounds))
+        metrics["time/rewards_s"].append(sum(r.reward_s for r in rounds))
+        metrics["time/rows_s"].append(t4 - t3)
+        self._generation_s += time.monotonic() - t0
+        if self._skip_update:
+            log.info(
+                "step %d: no informative group in %d round(s) of %d group(s): update skipped",
+                self.state.global_step + 1,
+                len(rounds),
+                sum(r.groups for r in rounds),
+            )
+        if self.args.save_rollouts and mode == "train":
+            self._save_rollouts(rounds, rows, owners, keep)
+        return batch
+
+    def _sample_round(self, inputs: list[dict[str, Any]], mode: str, group: int) -> SamplingRound:
+        """Roll out and score this rank's ``inputs`` (whole groups over all ranks); rewards and advantages are
+        gathered over ranks, so every rank sees the same informative groups."""
         t1 = time.monotonic()
         outcomes = self._rollouts(inputs)
         t2 = time.monotonic()
@@ -231,26 +321,47 @@ class AgentGRPOTrainer(GRPOTrainer):
         rewards_per_func[unscorable.bool()] = torch.nan
         weighted = (rewards_per_func * self.reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
         weighted[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
-        group = cast(int, self.num_generations if mode == "train" else self.num_generations_eval)  # set by trl
         advantages, zero_std = rollout_advantages(
             rewards_per_func, weighted, self.reward_weights, group, self.scale_rewards, self.multi_objective_aggregation
         )
-        local = slice(self.accelerator.process_index * len(inputs), (self.accelerator.process_index + 1) * len(inputs))
-        t3 = time.monotonic()
-
-        rows, owners, stats = self._rows(outcomes)
-        batch, gap = self._batch(rows, owners, advantages[local].tolist(), mode, self._truncated(outcomes))
-        t4 = time.monotonic()
-        self._log_step(mode, group, outcomes, rows, stats, rewards_per_func, weighted, zero_std, batch, gap)
+        rank = self.accelerator.process_index
+        ids = [i for chunk in gather_object([[self._task(row).instance_id for row in inputs]]) for i in chunk]
+        rnd = SamplingRound(
+            inputs=inputs,
+            outcomes=outcomes,
+            rewards_per_func=rewards_per_func,
+            weighted=weighted,
+            advantages=advantages,
+            zero_std=zero_std,
+            informative=informative_groups(weighted, zero_std, group),
+            local=slice(rank * len(inputs), (rank + 1) * len(inputs)),
+            instance_ids=ids,
+            group=group,
+            rollout_s=t2 - t1,
+            reward_s=time.monotonic() - t2,
+        )
         self._record_completions(mode, inputs, outcomes, rewards_per_func, advantages)
-        self._metrics[mode]["time/sync_s"].append(sync_s)
-        self._metrics[mode]["time/rollouts_s"].append(t2 - t1)
-        self._metrics[mode]["time/rewards_s"].append(t3 - t2)
-        self._metrics[mode]["time/rows_s"].append(t4 - t3)
-        self._generation_s += time.monotonic() - t0
-        if self.args.save_rollouts and mode == "train":
-            self._save_rollouts(inputs, outcomes, rewards_per_func[local], advantages[local], rows, owners)
-        return batch
+        if self._curriculum is not None and self.args.curriculum_update and mode == "train":
+            self._curriculum_update(rnd, group)
+        return rnd
+
+    def _more_inputs(self, count: int, group: int, rounds: list[SamplingRound]) -> list[dict[str, Any]]:
+        """This rank's share of a further round: new task groups from the dataset (by the curriculum when there is
+        one, else uniformly, preferring tasks not yet rolled out in this step), the same draw on every rank."""
+        dataset = cast(Any, self.train_dataset)
+        world = self.accelerator.num_processes
+        groups = count * world // group
+        if self._curriculum is not None:
+            picked = list(self._curriculum.draw_groups(groups))
+        else:
+            seed = (self.args.seed + 1) * 1_000_003 + self.state.global_step * 1_009 + len(rounds)
+            order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()
+            used = {i for r in rounds for i in r.instance_ids}
+            fresh = [i for i in order if dataset[i]["instance_id"] not in used]
+            picked = (fresh + order * (groups // max(1, len(order)) + 1))[:groups]
+        everyone = [dataset[i] for i in picked for _ in range(group)]
+        rank = self.accelerator.process_index
+        return everyone[rank * count : (rank + 1) * count]
 
     def _rows(self, outcomes: list[RolloutOutcome]) -> tuple[list[Row], list[int], RowStats]:
         rows, owners, stats = [], [], RowStats()
@@ -571,16 +682,19 @@ class AgentGRPOTrainer(GRPOTrainer):
         self,
         mode: str,
         group: int,
-        outcomes: list[RolloutOutcome],
+        rounds: list[SamplingRound],
         rows: list[Row],
         stats: RowStats,
-        rewards_per_func: torch.Tensor,
-        weighted: torch.Tensor,
-        zero_std: torch.Tensor,
         batch: dict[str, Any],
         gap: torch.Tensor | None,
     ) -> None:
+        """The step's metrics: rewards and rollouts over every round's rollouts (all ranks), rows over the trained
+        ones."""
         metrics = self._metrics[mode]
+        outcomes = [o for r in rounds for o in r.outcomes]
+        rewards_per_func = torch.cat([r.rewards_per_func for r in rounds])
+        weighted = torch.cat([r.weighted for r in rounds])
+        zero_std = torch.cat([r.zero_std for r in rounds])
         for i, name in enumerate(self.reward_func_names):
             values = [v for v in rewards_per_func[:, i].tolist() if v == v]
             if values:
@@ -621,36 +735,46 @@ class AgentGRPOTrainer(GRPOTrainer):
 
     def _save_rollouts(
         self,
-        inputs: list[dict[str, Any]],
-        outcomes: list[RolloutOutcome],
-        rewards: torch.Tensor,
-        advantages: torch.Tensor,
+        rounds: list[SamplingRound],
         rows: list[Row],
         owners: list[int],
+        keep: list[tuple[SamplingRound, int]],
     ) -> None:
+        """``OUTPUT/rollouts/step_XXXX.jsonl``: every rollout of the step (all rounds, all ranks) with its task's
+        oracle patch, rewards, advantage, whether it was trained on and its rows."""
+        tokens: Counter[tuple[int, int]] = Counter()
+        trained_rows: Counter[tuple[int, int]] = Counter()
+        for row, owner in zip(rows, owners, strict=True):
+            tokens[(id(keep[owner][0]), keep[owner][1])] += row.sampled
+            trained_rows[(id(keep[owner][0]), keep[owner][1])] += 1
         records = []
-        for i, (row, outcome) in enumerate(zip(inputs, outcomes, strict=True)):
-            last = outcome.trace[-1] if outcome.trace else {}
-            conversation = list((last.get("request") or {}).get("messages") or []) + (
-                [last["message"]] if last.get("message") else []
-            )
-            records.append(
-                {
-                    "step": self.state.global_step,
-                    "rollout_id": outcome.rollout_id,
-                    "instance_id": row["instance_id"],
-                    "status": outcome.status,
-                    "reason": outcome.reason,
-                    "patch": outcome.patch,
-                    "rewards": dict(zip(self.reward_func_names, rewards[i].tolist(), strict=True)),
-                    "advantage": advantages[i].item(),
-                    "calls": outcome.calls,
-                    "completion_tokens": outcome.completion_tokens,
-                    "rows": owners.count(i),
-                    "trained_tokens": sum(rows[j].sampled for j, o in enumerate(owners) if o == i),
-                    "conversation": conversation,
-                }
-            )
+        for number, rnd in enumerate(rounds):
+            rewards, advantages = rnd.rewards_per_func[rnd.local], rnd.advantages[rnd.local]
+            for i, (task_row, outcome) in enumerate(zip(rnd.inputs, rnd.outcomes, strict=True)):
+                last = outcome.trace[-1] if outcome.trace else {}
+                conversation = list((last.get("request") or {}).get("messages") or []) + (
+                    [last["message"]] if last.get("message") else []
+                )
+                records.append(
+                    {
+                        "step": self.state.global_step,
+                        "round": number,
+                        "rollout_id": outcome.rollout_id,
+                        "instance_id": task_row["instance_id"],
+                        "status": outcome.status,
+                        "reason": outcome.reason,
+                        "patch": outcome.patch,
+                        "oracle_patch": self._task(task_row).patch,
+                        "rewards": dict(zip(self.reward_func_names, rewards[i].tolist(), strict=True)),
+                        "advantage": advantages[i].item(),
+                        "informative": rnd.kept(i),
+                        "calls": outcome.calls,
+                        "completion_tokens": outcome.completion_tokens,
+                        "rows": trained_rows[(id(rnd), i)],
+                        "trained_tokens": tokens[(id(rnd), i)],
+                        "conversation": conversation,
+                    }
+                )
         everyone = [r for chunk in gather_object([records]) for r in chunk]
         if self.accelerator.is_main_process:
             folder = Path(cast(str, self.args.output_dir)) / "rollouts"  # set by TrainingArguments
@@ -659,9 +783,27 @@ class AgentGRPOTrainer(GRPOTrainer):
                 for record in everyone:
                     fh.write(json.dumps(record) + "\n")
 
+    def _prepare_inputs(self, generation_batch: Any) -> Any:
+        """trl's, unless ``training_step`` already prepared this micro-step's inputs."""
+        prepared, self._prepared = self._prepared, None
+        return prepared if prepared is not None else super()._prepare_inputs(generation_batch)
+
     def training_step(self, model, inputs, num_items_in_batch):
+        """trl's step, except when dynamic sampling found no informative group: then no forward or backward runs
+        (the gradients stay None, so the optimizer leaves every weight as it is) and the weights need no sync."""
         started, before = time.monotonic(), self._generation_s
+        if model.training:
+            self._prepared = self._prepare_inputs(inputs)  # generates (and sets _skip_update) at a generation step
+            if self._skip_update:
+                self._prepared = None
+                self._step += 1  # as trl's training_step counts micro-steps (its generation schedule)
+                return torch.zeros((), device=self.args.device)
         loss = super().training_step(model, inputs, num_items_in_batch)
+        self._weights_changed = True
         update = time.monotonic() - started - (self._generation_s - before)
         self._metrics["train"]["time/update_s"].append(update)
         return loss
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        self._weights_changed = True  # the server still has the initial weights

@@ -4,6 +4,10 @@
 every call is its own row, and its rollouts make 1-2 calls on rank 0 and 6-7 on rank 1: the ranks hold very
 different row counts, and each group of ``num_generations`` rollouts straddles the ranks.
 
+``dynamic_main``: dynamic sampling over two ranks, one group of 2 per rank per round (crafted outcomes, no server):
+step 1's first round has no informative group, its second one only on rank 1; step 2 has none in either round
+(update skipped). Saves each rank's logged sampling metrics and whether the weights changed in each step.
+
 ``micro_batch_main``: one chunk of crafted rows (rank 0: 2 short rows, rank 1: 9 rows; one rank: all of them)
 under a tiny ``max_tokens_per_forward``; saves the loss, the rank-averaged gradients (as DDP's) and the number of
 forward passes each rank ran and its own micro-batches.
@@ -136,6 +140,63 @@ def micro_rows(rollouts: list[int]) -> tuple[list[Row], list[int]]:
     return rows, owners
 
 
+def by_patch(prompts, completions, completion_ids=None, **kwargs):
+    return [1.0 if c == "good" else 0.0 for c in completions]
+
+
+def dynamic_main(repo: str, out: str) -> None:
+    from transformers import TrainerCallback
+
+    from aitlrt.rollout.runner import RolloutOutcome
+
+    trainer = tiny_trainer(
+        "http://127.0.0.1:9",
+        repo,
+        str(Path(out) / "run"),
+        reward_funcs=[by_patch],
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_sampling_rounds=2,
+        vllm_importance_sampling_correction=False,
+    )
+    trainer._connect = lambda: None  # type: ignore[method-assign]
+    trainer.weight_version = 0
+    rank, rounds = trainer.accelerator.process_index, itertools.count()
+
+    def rollouts(inputs):
+        informative = next(rounds) == 1 and rank == 1  # step 1, round 2, rank 1 only
+        trace = [
+            {
+                "call_index": 0,
+                "prompt_token_ids": [3, 4],
+                "completion_token_ids": [5 + rank, 6],
+                "logprobs": [-0.5, -0.5],
+                "status": 200,
+                "tag": None,
+                "weight_version": 0,
+            }
+        ]
+        patches = ["good", ""] if informative else ["", ""]
+        made = enumerate(patches)
+        return [RolloutOutcome(f"r{rank}{i}", "t", "ok", "", p, 1, 0, 2, "", trace=trace) for i, p in made]
+
+    trainer._rollouts = rollouts  # type: ignore[method-assign]
+    snapshots = [[p.detach().clone() for p in trainer.model.parameters()]]
+
+    class Snapshot(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            snapshots.append([p.detach().clone() for p in trainer.model.parameters()])
+
+    trainer.add_callback(Snapshot())
+    trainer.train()
+    changed = [
+        any(not torch.equal(a, b) for a, b in zip(x, y, strict=True)) for x, y in itertools.pairwise(snapshots)
+    ]
+    keys = ("sampling/rounds", "sampling/groups", "sampling/informative_groups", "sampling/skipped_update")
+    logs = [{k: e[k] for k in keys} for e in trainer.state.log_history if "sampling/rounds" in e]
+    torch.save({"changed": changed, "logs": logs}, Path(out) / f"dynamic{rank}.pt")
+
+
 def micro_batch_main(repo: str, out: str, loss_type: str, budget: str) -> None:
     trainer = tiny_trainer(
         "http://127.0.0.1:9",
@@ -179,5 +240,7 @@ def micro_batch_main(repo: str, out: str, loss_type: str, budget: str) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "--micro-batches":
         micro_batch_main(*sys.argv[2:6])
+    elif sys.argv[1] == "--dynamic":
+        dynamic_main(*sys.argv[2:4])
     else:
         main(*sys.argv[1:4])

@@ -49,6 +49,23 @@ def test_micro_batches_on_unequal_ranks_give_one_ranks_loss_and_gradients(make_r
         torch.testing.assert_close(y, x, rtol=1e-4, atol=1e-7)
 
 
+def test_dynamic_sampling_decides_for_every_rank(make_repo, tmp_path):
+    """One informative group on one rank only: both ranks run the second round and train it; a step without any
+    informative group is skipped on both ranks and changes no weight."""
+    torchrun(2, "--dynamic", str(make_repo({"README": "tiny\n"})), str(tmp_path))
+    ranks = [torch.load(tmp_path / f"dynamic{r}.pt") for r in (0, 1)]
+    assert ranks[0]["logs"] == ranks[1]["logs"]
+    step1, step2 = ranks[0]["logs"]
+    assert step1 == {
+        "sampling/rounds": 2.0,
+        "sampling/groups": 4.0,
+        "sampling/informative_groups": 1.0,
+        "sampling/skipped_update": 0.0,
+    }
+    assert step2["sampling/rounds"] == 2.0 and step2["sampling/skipped_update"] == 1.0
+    assert all(r["changed"] == [True, False] for r in ranks), "step 1 trains (rank 1's group), step 2 is skipped"
+
+
 def test_two_ranks_with_unequal_rows_finish_with_whole_group_advantages(
     scripted_upstream, start_proxy, make_repo, tmp_path
 ):

@@ -69,7 +69,12 @@ def trainer(tmp_path):
     def by_patch(prompts, completions, completion_ids=None, **kwargs):
         return [{"good": 1.0, "half": 0.5}.get(c, 0.0) for c in completions]
 
-    config = dict(per_device_train_batch_size=4, vllm_importance_sampling_correction=False, save_rollouts=False)
+    config = dict(
+        per_device_train_batch_size=4,
+        vllm_importance_sampling_correction=False,
+        save_rollouts=False,
+        max_sampling_rounds=1,  # one round of rollouts per step: dynamic sampling has its own tests
+    )
     t = tiny_trainer("http://127.0.0.1:1", str(tmp_path), str(tmp_path / "run"), **config)
     t.reward_funcs, t.reward_func_names = [by_patch], ["by_patch"]
     t.weight_version = 0

@@ -1,0 +1,131 @@
+"""Dynamic sampling on crafted outcomes (no servers, no agents): groups without reward variance are not trained on,
+further rounds of new task groups are rolled out until enough groups are informative or the round cap is hit, and
+with none informative the update is skipped (no forward, no backward, no weight change)."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from aitlrt.rollout.runner import RolloutOutcome
+from aitlrt.training.trainer import informative_groups
+from tests.helpers.multirank_run import tiny_trainer
+
+
+def call(i: int, completion: tuple[int, ...] = (5, 6)) -> dict:
+    return {
+        "call_index": i,
+        "prompt_token_ids": [3, 4],
+        "completion_token_ids": list(completion),
+        "logprobs": [-0.5] * len(completion),
+        "status": 200,
+        "tag": None,
+        "weight_version": 0,
+    }
+
+
+def outcome(i: int, patch: str, status: str = "ok") -> RolloutOutcome:
+    return RolloutOutcome(f"r{i}", "task", status, "", patch, 1, 0, 2, "", trace=[call(0, (5 + i % 7, 6))])
+
+
+def by_patch(prompts, completions, completion_ids=None, **kwargs):
+    return [{"good": 1.0, "half": 0.5}.get(c, 0.0) for c in completions]
+
+
+def make_trainer(tmp_path, **config):
+    settings = dict(
+        per_device_train_batch_size=4,
+        num_generations=2,  # two groups of 2 per round
+        vllm_importance_sampling_correction=False,
+        save_rollouts=True,
+        max_sampling_rounds=3,
+        min_informative_groups=1,
+    )
+    t = tiny_trainer(
+        "http://127.0.0.1:1", str(tmp_path), str(tmp_path / "run"), reward_funcs=[by_patch], **{**settings, **config}
+    )
+    t.weight_version = 0
+    t._connect = lambda: None
+    t.model.train()
+    t.current_gradient_accumulation_steps = 1
+    return t
+
+
+def scripted(trainer, rounds: list[list[str]]) -> list[list[dict]]:
+    """Each call to ``_rollouts`` answers the next round's patches; returns the inputs of every call."""
+    script, seen = iter(rounds), []
+
+    def rollouts(inputs):
+        seen.append(inputs)
+        return [outcome(i, p) for i, p in zip(itertools.count(), next(script), strict=False)]
+
+    trainer._rollouts = rollouts
+    return seen
+
+
+def test_informative_groups_need_variance_among_two_scorable_rollouts():
+    nan = float("nan")
+    weighted = torch.tensor([1.0, 0.0, 0.5, 0.5, 1.0, nan, nan, nan])
+    zero_std = torch.tensor([False, False, True, True, False, False, False, False])
+    assert informative_groups(weighted, zero_std, 2).tolist() == [True, True] + [False] * 6
+
+
+def test_zero_variance_groups_are_not_trained_and_rounds_stop_at_the_first_informative(tmp_path):
+    trainer = make_trainer(tmp_path)
+    seen = scripted(trainer, [["", "", "", ""], ["good", "", "half", "half"], ["good"] * 4])
+    batch = trainer._generate_and_score_completions([dict(trainer.train_dataset[0]) for _ in range(4)])
+    assert len(seen) == 2, "stops once min_informative_groups=1 group is informative"
+    assert len(seen[1]) == 4 and all(len({r["instance_id"] for r in seen[1][g : g + 2]}) == 1 for g in (0, 2))
+    mask = (batch["completion_mask"] * batch["tool_mask"]).bool()
+    trained = [batch["completion_ids"][r][mask[r]].tolist() for r in range(len(mask)) if mask[r].any()]
+    assert trained == [[5, 6], [6, 6]], "only the informative group's two rollouts (ids 5+i) are trained"
+    m = trainer._metrics["train"]
+    assert m["sampling/groups"] == [4] and m["sampling/informative_groups"] == [1] and m["sampling/rounds"] == [2]
+    assert m["sampling/skipped_update"] == [0] and not trainer._skip_update
+    assert m["zero_variance_groups"] == [3]
+    records = [line for line in (tmp_path / "run" / "rollouts" / "step_0000.jsonl").read_text().splitlines()]
+    assert len(records) == 8 and sum('"informative": true' in r for r in records) == 2
+
+
+def test_min_informative_groups_keeps_sampling_up_to_the_round_cap(tmp_path):
+    trainer = make_trainer(tmp_path, min_informative_groups=3, max_sampling_rounds=2)
+    seen = scripted(trainer, [["good", "", "", ""], ["half", "", "good", "good"], ["good", ""] * 2])
+    trainer._generate_and_score_completions([dict(trainer.train_dataset[0]) for _ in range(4)])
+    assert len(seen) == 2, "the round cap wins over min_informative_groups"
+    m = trainer._metrics["train"]
+    assert m["sampling/informative_groups"] == [2] and m["sampling/rounds"] == [2] and m["sampling/groups"] == [4]
+
+
+def test_no_informative_group_skips_the_update_without_forward_or_weight_change(tmp_path):
+    trainer = make_trainer(tmp_path, max_sampling_rounds=2)
+    seen = scripted(trainer, [[""] * 4, ["good"] * 4])
+    forwards = 0
+    forward = trainer._get_per_token_logps_and_entropies
+
+    def counted(*args, **kwargs):
+        nonlocal forwards
+        forwards += 1
+        return forward(*args, **kwargs)
+
+    trainer._get_per_token_logps_and_entropies = counted
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    loss = trainer.training_step(trainer.model, [dict(trainer.train_dataset[0]) for _ in range(4)], None)
+    assert len(seen) == 2 and trainer._skip_update
+    assert loss.item() == 0.0 and forwards == 0
+    assert all(p.grad is None for p in trainer.model.parameters()), "no backward: the optimizer has nothing to apply"
+    trainer.optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=1.0)
+    trainer.optimizer.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))
+    m = trainer._metrics["train"]
+    assert m["sampling/skipped_update"] == [1] and m["sampling/informative_groups"] == [0]
+    assert not trainer._weights_changed, "nothing to sync after a skipped update"
+
+
+def test_an_informative_step_runs_the_update(tmp_path):
+    trainer = make_trainer(tmp_path)
+    scripted(trainer, [["good", "", "", ""]])
+    trainer.training_step(trainer.model, [dict(trainer.train_dataset[0]) for _ in range(4)], None)
+    assert not trainer._skip_update and trainer._weights_changed
+    # On-policy, GRPO's loss value of two equally long rollouts of advantages +a and -a is 0: the gradient is not.
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in trainer.model.parameters())
