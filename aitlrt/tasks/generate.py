@@ -115,6 +115,7 @@ def _row(
         "problem_statement": PROBLEM_TEMPLATE.format(tests="\n".join(f"- {t}" for t in f2p[:5])),
         "strategy": mutation.kind,
         "mutation": f"{path}: {mutation.description}",
+        "function": f"{path}:{mutation.function}",
         "env": json.dumps(env) if env else "",
         "files": [path],
         "created_by": "aitlrt tasks generate",

@@ -170,3 +170,22 @@ def test_pypi_sdist_source_and_a_swesmith_task_checkout(data_dir):
     # The task's starting point differs from the sdist by the bug patch; the oracle takes it back.
     assert normalised_files(git("diff", base, start, cwd=repo)) == normalised_files(task.setup_patch)
     assert normalised_files(git("diff", start, base, cwd=repo)) == normalised_files(task.patch)
+
+
+def test_heldout_split_shares_no_function_and_holds_out_a_whole_file():
+    from aitlrt.tasks.split import split_heldout, task_function
+
+    def row(i, path, fn):
+        return {"instance_id": f"t{i}", "files": [path], "mutation": f"{path}: changed `<` to `>` in {fn} (line 3)"}
+
+    rows = [row(0, "a.py", "f"), row(1, "a.py", "f"), row(2, "a.py", "g"), row(3, "b.py", "h"), row(4, "b.py", "k")]
+    rows += [row(5, "c.py", "m"), row(6, "a.py", "n"), row(7, "b.py", "p")]
+    train, heldout = split_heldout(rows, 0.4, seed=1)
+    assert {task_function(r) for r in train}.isdisjoint(task_function(r) for r in heldout)
+    assert "c.py:m" in {task_function(r) for r in heldout}, "the file with the fewest tasks is held out whole"
+    assert len(heldout) == 3 and len(train) + len(heldout) == len(rows)
+    assert split_heldout(rows, 0.4, seed=1) == (train, heldout), "deterministic per seed"
+    train, heldout = split_heldout(rows, 0.2, heldout_files=["b.py"])
+    assert {r["instance_id"] for r in heldout} == {"t3", "t4", "t7"}
+    with pytest.raises(ValueError, match="no task"):
+        split_heldout(rows, 0.2, heldout_files=["z.py"])
