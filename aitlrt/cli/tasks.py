@@ -1,15 +1,24 @@
-"""``aitlrt tasks``: generate bug-fix tasks offline, and check task files (load, then grade oracle and empty)."""
+"""``aitlrt tasks``: generate bug-fix tasks offline, check task files (load, then grade oracle and empty), and
+probe their difficulty under a policy (the curriculum's sidecar, ``aitlrt.tasks.difficulty``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import shlex
 import sys
+import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from aitlrt.cli.rollout import add_rollout_arguments, prepared_tasks, progress_printer, rollout_settings
+from aitlrt.tasks.difficulty import SOLVED_REWARD, TaskDifficulty, sidecar_path
 from aitlrt.tasks.loader import load_tasks, parse_overrides
 from aitlrt.tasks.sources import parse_source
+
+PROBE_REWARDS = "tests_pass,patch_similarity,non_empty_patch"
 
 
 def add_parser(verbs: argparse._SubParsersAction) -> None:
@@ -35,9 +44,34 @@ def add_parser(verbs: argparse._SubParsersAction) -> None:
     check.add_argument("--workers", type=int, default=2)
     check.add_argument("--timeout", type=float, default=600.0, help="seconds per test run")
 
+    probe = tasks.add_parser(
+        "probe", help="roll out a policy k times per task and write each task's difficulty (for the curriculum)"
+    )
+    add_rollout_arguments(probe)
+    probe.add_argument("--k", dest="n", type=int, metavar="K", help="rollouts per task (same as --n; default 4)")
+    probe.set_defaults(n=4)
+    probe.add_argument(
+        "--model", default=None, help="weights folder or 'bundled' (default); with --serve, 'served' (default)"
+    )
+    probe.add_argument("--serve", "--proxy", dest="serve", default=None, help="a running aitlrt-serve URL")
+    probe.add_argument(
+        "--rewards",
+        default=PROBE_REWARDS,
+        help="built-in rewards as NAME[=WEIGHT],... (weight 1 by default) for reward_mean; tests_pass is always "
+        "computed (solved_rate), with weight 0 when not listed",
+    )
+    probe.add_argument("--out", type=Path, default=None, help="the sidecar (default: TASKS.difficulty.jsonl)")
+    probe.add_argument("--merge", action="store_true", help="keep the sidecar's other tasks, replace those probed")
+    probe.add_argument("--max-tokens", type=int, default=512, help="tokens per model call (managed server)")
+    probe.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (managed server)")
+    probe.add_argument("--serve-args", default="--enforce-eager", help="extra aitlrt-serve/vLLM flags (managed)")
+    probe.add_argument("--run-dir", type=Path, default=Path("runs/probe"), help="the managed server's files")
+
 
 def run(args: argparse.Namespace) -> int:
     try:
+        if args.action == "probe":
+            return probe(args)
         return generate(args) if args.action == "generate" else check(args)
     except (RuntimeError, ValueError, OSError) as exc:  # env build, source fetch, bad spec: one clear line
         print(f"aitlrt tasks {args.action}: {exc}", file=sys.stderr)
@@ -96,3 +130,89 @@ def check(args: argparse.Namespace) -> int:
             )
     print(f"[aitlrt] {len(loaded.tasks) - bad} valid, {bad} invalid; isolation: {gold.isolation}")
     return int(bad > 0 or bool(loaded.problems))
+
+
+def reward_weights(spec: str) -> dict[str, float]:
+    """``NAME[=WEIGHT],...`` → weights by name (1 when not given), ``tests_pass`` added with weight 0 if absent."""
+    weights: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, _, weight = item.partition("=")
+        try:
+            weights[name.strip()] = float(weight) if weight else 1.0
+        except ValueError:
+            raise ValueError(f"bad reward weight in {item!r} (NAME or NAME=WEIGHT)") from None
+    weights.setdefault(SOLVED_REWARD, 0.0)
+    return weights
+
+
+def probe(args: argparse.Namespace) -> int:
+    """Roll out the policy ``--k`` times per task (``aitlrt.evaluation.checkpoints.evaluate``), write the sidecar,
+    print each task's difficulty and the counts of each class."""
+    from aitlrt.evaluation.checkpoints import SERVED, evaluate
+    from aitlrt.evaluation.scoring import reward_funcs
+    from aitlrt.rollout.batch import served_model
+    from aitlrt.tasks.difficulty import difficulty_from_rollouts, write_difficulty
+
+    out = args.out or sidecar_path(args.tasks)
+    if args.out is None and not Path(args.tasks).is_file():
+        raise ValueError(f"{args.tasks} is not a file: give the sidecar's path with --out")
+    weights = reward_weights(args.rewards)
+    funcs = reward_funcs(list(weights))
+    checkpoint = args.model or (SERVED if args.serve else "bundled")
+    result = evaluate(
+        [checkpoint],
+        prepared_tasks(args, "tasks probe"),
+        rollout_settings(args),
+        funcs,
+        proxy=args.serve,
+        serve_dir=args.run_dir / "serve",
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        serve_args=shlex.split(args.serve_args),
+        on_progress=progress_printer(),
+    )[0]
+    model = served_model(args.serve) if checkpoint == SERVED else checkpoint
+    probed_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    records: list[TaskDifficulty] = []
+    skipped = []
+    k = args.n
+    for start in range(0, len(result.batch.outcomes), k):
+        outcomes = result.batch.outcomes[start : start + k]
+        # an infrastructure failure is unscorable, as in training: left out of the task's rates
+        rewards = {
+            name: [math.nan if o.unscorable else v for o, v in zip(outcomes, values[start:], strict=False)]
+            for name, values in result.rewards.items()
+        }
+        task_id = result.batch.tasks[start].instance_id
+        record = difficulty_from_rollouts(
+            task_id, rewards, weights, [o.patch for o in outcomes], model=model, probed_at=probed_at
+        )
+        if record is None:
+            skipped.append(task_id)
+        else:
+            records.append(record)
+    for task_id in skipped:
+        print(f"[aitlrt] {task_id}: every rollout failed outside the policy; not probed")
+    if not records:
+        print(f"[aitlrt] no task probed; {out} left as it was")
+        return 1
+    written = write_difficulty(out, records, merge=args.merge)
+    print_difficulty(records)
+    print(f"[aitlrt] {len(records)} tasks probed ({len(written)} in the sidecar): {out}")
+    return 0
+
+
+def print_difficulty(records: list[TaskDifficulty]) -> None:
+    """A line per task and the count of each class."""
+    width = max([len("task"), *(len(r.instance_id[:58]) for r in records)])
+    print(f"\n{'task':<{width}} {'k':>3} {'solved':>6} {'edit':>5} {'reward':>7}  class")
+    for r in records:
+        print(
+            f"{r.instance_id[:58]:<{width}} {r.k:>3} {r.solved_rate:>6.2f} {r.edit_rate:>5.2f} {r.reward_mean:>7.3f}"
+            f"  {r.level}"
+        )
+    counts = Counter(r.level for r in records)
+    print(
+        f"always solved: {counts['solved']}, mixed: {counts['mixed']}, never solved: {counts['failed']} "
+        f"(of {len(records)})"
+    )

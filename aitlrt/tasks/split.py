@@ -49,7 +49,7 @@ def split_heldout(
     if unknown:
         raise ValueError(f"held-out files {unknown} have no task (files with tasks: {sorted(by_file)})")
     held = {fn for f in files for fn in by_file[f]}
-    counts = defaultdict(int)
+    counts: dict[str, int] = defaultdict(int)
     for row in rows:
         counts[task_function(row)] += 1
     others = sorted(fn for fn in counts if fn not in held)

@@ -110,13 +110,17 @@ class AgentGRPOConfig(GRPOConfig):
     task_difficulty_file: str | None = field(
         default=None,
         metadata={
-            "help": "curriculum: the sidecar of `aitlrt tasks probe` (each task's reward mean and pass rate under "
-            "the policy); tasks are drawn by difficulty: always solved ones never, mixed ones first, "
-            "curriculum_failed_share of the draws from always-failed ones"
+            "help": "curriculum: the sidecar of `aitlrt tasks probe` (each task's reward mean and solve rate p under "
+            "the policy); tasks are drawn by difficulty (aitlrt.training.curriculum): always solved ones never, "
+            "mixed and unprobed ones by p(1-p), curriculum_failed_share of the draws from never-solved ones"
         },
     )
     curriculum_failed_share: float = field(
-        default=0.2, metadata={"help": "curriculum: share of task draws given to tasks the probe never solved"}
+        default=0.2,
+        metadata={
+            "help": "curriculum: share of task draws given to tasks the probe never solved (all of them when no "
+            "task is mixed)"
+        },
     )
     curriculum_update: bool = field(
         default=True,

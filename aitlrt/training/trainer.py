@@ -58,9 +58,11 @@ from trl.trainer.utils import nanmax, nanmin, pad, use_adapter
 from aitlrt.rewards.inputs import reward_row
 from aitlrt.rollout.agents import AgentTask, make_agent
 from aitlrt.rollout.runner import RolloutOutcome, RolloutRequest, RolloutRunner, infrastructure_failure
+from aitlrt.tasks.difficulty import read_difficulty
 from aitlrt.tasks.task import Task, task_from_row
 from aitlrt.training.advantages import rollout_advantages
 from aitlrt.training.config import ROW_NORMALISED_LOSSES, AgentGRPOConfig
+from aitlrt.training.curriculum import CurriculumSampler
 from aitlrt.training.probe import check_sampling, make_weight_probe
 from aitlrt.training.rows import Row, RowStats, build_rows
 from aitlrt.training.weight_sync import make_weight_sync, proxy_request
@@ -183,7 +185,7 @@ class AgentGRPOTrainer(GRPOTrainer):
         self._skip_update = False  # this generation's groups all lacked reward variance (dynamic sampling)
         self._prepared: Any = None
         self._weights_changed = False  # an update ran since the last sync
-        self._curriculum: Any = None
+        self._curriculum: CurriculumSampler | None = None
 
     # ---- the weight sync ---------------------------------------------------------------------------------------
     def sync_weights(self) -> float:
@@ -345,18 +347,46 @@ class AgentGRPOTrainer(GRPOTrainer):
             self._curriculum_update(rnd, group)
         return rnd
 
+    def _get_train_sampler(self, dataset: Any = None) -> Any:
+        """trl's ``RepeatSampler``, or with ``task_difficulty_file`` the curriculum's sampler of the same contract
+        (``aitlrt.training.curriculum``)."""
+        if self.args.task_difficulty_file is None:
+            return super()._get_train_sampler(dataset)
+        dataset = self.train_dataset if dataset is None else dataset
+        group = cast(int, self.num_generations)
+        self._curriculum = CurriculumSampler(
+            cast(Any, dataset)["instance_id"],
+            mini_repeat_count=group,
+            batch_size=cast(int, self.args.generation_batch_size) // group,
+            repeat_count=self.num_iterations * cast(int, self.args.steps_per_generation),
+            seed=self.args.seed,
+            records=read_difficulty(self.args.task_difficulty_file),
+            failed_share=self.args.curriculum_failed_share,
+        )
+        return self._curriculum
+
+    def _curriculum_update(self, rnd: SamplingRound, group: int) -> None:
+        """Each group's ``tests_pass`` rewards update its task's difficulty (every rank, the same gathered values)."""
+        if self._curriculum is None or "tests_pass" not in self.reward_func_names:
+            return
+        solved = rnd.rewards_per_func[:, self.reward_func_names.index("tests_pass")].tolist()
+        for g in range(rnd.groups):
+            values = [v for v in solved[g * group : (g + 1) * group] if v == v]  # NaN: unscorable
+            if values:
+                self._curriculum.update(rnd.instance_ids[g * group], values)
+
     def _more_inputs(self, count: int, group: int, rounds: list[SamplingRound]) -> list[dict[str, Any]]:
         """This rank's share of a further round: new task groups from the dataset (by the curriculum when there is
         one, else uniformly, preferring tasks not yet rolled out in this step), the same draw on every rank."""
         dataset = cast(Any, self.train_dataset)
         world = self.accelerator.num_processes
         groups = count * world // group
+        used = {i for r in rounds for i in r.instance_ids}
         if self._curriculum is not None:
-            picked = list(self._curriculum.draw_groups(groups))
+            picked = self._curriculum.draw_groups(groups, exclude=used)
         else:
             seed = (self.args.seed + 1) * 1_000_003 + self.state.global_step * 1_009 + len(rounds)
             order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()
-            used = {i for r in rounds for i in r.instance_ids}
             fresh = [i for i in order if dataset[i]["instance_id"] not in used]
             picked = (fresh + order * (groups // max(1, len(order)) + 1))[:groups]
         everyone = [dataset[i] for i in picked for _ in range(group)]
