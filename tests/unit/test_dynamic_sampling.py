@@ -129,3 +129,23 @@ def test_an_informative_step_runs_the_update(tmp_path):
     assert not trainer._skip_update and trainer._weights_changed
     # On-policy, GRPO's loss value of two equally long rollouts of advantages +a and -a is 0: the gradient is not.
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in trainer.model.parameters())
+
+
+def test_the_trainer_draws_tasks_and_extra_rounds_by_the_difficulty_sidecar(tmp_path):
+    from aitlrt.tasks.difficulty import TaskDifficulty, write_difficulty
+
+    def tests_pass(prompts, completions, completion_ids=None, **kwargs):
+        return by_patch(prompts, completions)
+
+    sidecar = tmp_path / "tasks.difficulty.jsonl"
+    write_difficulty(sidecar, [TaskDifficulty("task-0", 4, 1.5, 1.0, 1.0, "m", "t")])  # always solved
+    trainer = make_trainer(tmp_path, task_difficulty_file=str(sidecar), max_sampling_rounds=1)
+    trainer.reward_funcs, trainer.reward_func_names = [tests_pass], ["tests_pass"]
+    drawn = [row["instance_id"] for batch in trainer.get_train_dataloader() for row in batch]
+    assert len(drawn) >= 4 and set(drawn) == {"task-1"}, "an always-solved task is never drawn"
+    assert {row["instance_id"] for row in trainer._more_inputs(4, 2, [])} == {"task-1"}
+    # Online update from the training rollouts: task-1's group all solved (drops out), task-0's all failed.
+    scripted(trainer, [["good", "good", "", ""]])
+    inputs = [dict(trainer.train_dataset[i]) for i in (1, 1, 0, 0)]
+    trainer._generate_and_score_completions(inputs)
+    assert trainer._curriculum is not None and trainer._curriculum.weights == [1.0, 0.0]
