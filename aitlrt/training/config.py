@@ -239,3 +239,27 @@ class AgentScriptArguments:
     serve_args: str = field(
         default="--enforce-eager", metadata={"help": "extra aitlrt-serve/vLLM flags in managed mode"}
     )
+    heldout_share: float = field(
+        default=0.0,
+        metadata={
+            "help": "hold out about this share of the tasks (aitlrt.tasks.split: no mutated function in both parts, "
+            "and the file with the fewest tasks, or heldout_files, held out whole) and evaluate the policy on them "
+            "before and after training; 0: train on every task, no held-out evaluation"
+        },
+    )
+    heldout_files: list[str] = field(
+        default_factory=list, metadata={"help": "files whose tasks are all held out (default: the one with fewest)"}
+    )
+    heldout_seed: int = field(default=0, metadata={"help": "seed of the held-out split (fixed across training seeds)"})
+    heldout_rollouts: int = field(default=2, metadata={"help": "rollouts per held-out task per evaluation"})
+    warm_start: str = field(
+        default="none",
+        metadata={
+            "help": "before RL: 'oracle' (the oracle teacher's trajectories of the real agent on the training tasks, "
+            "then `aitlrt sft`; cached under $AITLRT_HOME/warmstart), a trajectories JSONL of `aitlrt trajectories` "
+            "to fine-tune on, or 'none'"
+        },
+    )
+    warm_start_args: str = field(
+        default="", metadata={"help": "extra `aitlrt sft` flags for the warm start, e.g. '--num_train_epochs 3'"}
+    )
