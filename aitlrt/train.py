@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from trl import ModelConfig
 
+    from aitlrt.evaluation.checkpoints import CheckpointResult
     from aitlrt.training.config import AgentGRPOConfig, AgentScriptArguments
     from aitlrt.training.trainer import AgentGRPOTrainer
 
@@ -78,10 +79,13 @@ def run(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from aitlrt.common.model import resolve_model
+    from aitlrt.report.html import write_run_report
+    from aitlrt.report.metrics_log import MetricsLog
     from aitlrt.report.step_table import use_step_table
     from aitlrt.rewards.builtin import REWARDS
     from aitlrt.serving.process import ServeProcess, managed_server
     from aitlrt.tasks.loader import TaskLoadError
+    from aitlrt.tasks.split import split_heldout
     from aitlrt.training.dataset import load_task_rows
     from aitlrt.training.trainer import AgentGRPOTrainer
 
@@ -97,6 +101,16 @@ def run(
             rows = load_task_rows(script)
         except TaskLoadError as exc:
             raise SystemExit(f"aitlrt train: {exc}") from None
+    heldout: list[dict[str, Any]] = []
+    if script.heldout_share > 0:
+        try:
+            rows, heldout = split_heldout(rows, script.heldout_share, script.heldout_files, script.heldout_seed)
+        except ValueError as exc:
+            raise SystemExit(f"aitlrt train: {exc}") from None
+        log.info("%d training tasks, %d held out", len(rows), len(heldout))
+    if script.warm_start != "none":
+        with state.main_process_first():
+            model_path = warm_start_model(script, config, rows, model_path, out_dir)
     server: contextlib.AbstractContextManager[ServeProcess | None] = contextlib.nullcontext()
     if script.serve == "managed":
         if state.num_processes > 1 and not config.proxy_url:
@@ -127,6 +141,10 @@ def run(
             peft_config=peft_config,
         )
         use_step_table(trainer)
+        trainer.add_callback(MetricsLog(out_dir / "metrics.jsonl"))
+        evaluations = []
+        if heldout and state.is_main_process:
+            evaluations.append(heldout_evaluation("before", heldout, script, config))
         resume = resume_checkpoint(config.resume_from_checkpoint, out_dir)
         if state.is_main_process and str(config.resume_from_checkpoint).strip().lower() == "true":
             if resume:
@@ -139,6 +157,8 @@ def run(
         finally:
             trainer.close()
         trainer.save_model(config.output_dir)
+        if heldout:
+            trainer.sync_final_weights()  # every rank: the server then serves the trained policy
         if state.is_main_process:
             log.info(
                 "done in %.0f s; checkpoint: %s; rollouts: %s",
@@ -146,7 +166,78 @@ def run(
                 out_dir,
                 out_dir / "rollouts",
             )
+            if heldout:
+                evaluations.append(heldout_evaluation("after", heldout, script, config))
+                finish_heldout(
+                    evaluations, out_dir, dict(zip(script.rewards, reward_weights(script, config), strict=True))
+                )
+            log.info("report: %s", write_run_report(out_dir))
         return trainer
+
+
+def heldout_evaluation(
+    label: str, rows: list[dict[str, Any]], script: AgentScriptArguments, config: AgentGRPOConfig
+) -> CheckpointResult:
+    """The served policy on the held-out tasks, with the run's agent, sampling and rewards."""
+    from aitlrt.evaluation.heldout import evaluate_served, prepare_rows
+    from aitlrt.evaluation.scoring import reward_funcs
+    from aitlrt.rollout.batch import RolloutSettings
+
+    settings = RolloutSettings(
+        n=script.heldout_rollouts,
+        agent=config.agent,
+        edit_format=config.edit_format,
+        concurrency=config.rollout_concurrency,
+        timeout_s=config.rollout_timeout_s,
+        max_calls=config.rollout_max_calls,
+        context_window=config.context_window,
+    )
+    weights = reward_weights(script, config)
+    log.info("held-out evaluation (%s training): %d tasks x %d rollouts", label, len(rows), settings.n)
+    return evaluate_served(
+        label,
+        prepare_rows(rows),
+        config.proxy_url,
+        settings,
+        reward_funcs(script.rewards),
+        dict(zip(script.rewards, weights, strict=True)),
+    )
+
+
+def reward_weights(script: AgentScriptArguments, config: AgentGRPOConfig) -> list[float]:
+    return list(config.reward_weights or [1.0] * len(script.rewards))
+
+
+def finish_heldout(evaluations: list[CheckpointResult], out_dir: Path, weights: dict[str, float]) -> None:
+    """Write the held-out rollouts beside the run (the report reads them) and print the before/after table."""
+    from aitlrt.common.logs import write_line
+    from aitlrt.evaluation.checkpoints import write_results
+    from aitlrt.evaluation.heldout import summary_table
+
+    rollouts, _ = write_results(evaluations, out_dir / "heldout", weights=weights)
+    write_line(summary_table(evaluations))
+    log.info("held-out rollouts: %s", rollouts)
+
+
+def warm_start_model(
+    script: AgentScriptArguments, config: AgentGRPOConfig, rows: list[dict[str, Any]], model: str, out_dir: Path
+) -> str:
+    """The warm-start checkpoint (``aitlrt.warmstart.recipe``) that RL starts from: fine-tuned on the oracle
+    teacher's trajectories of the training tasks (cached), or on the given trajectories file."""
+    from aitlrt.rollout.batch import RolloutSettings
+    from aitlrt.tasks.task import task_from_row
+    from aitlrt.warmstart.recipe import warm_start
+
+    settings = RolloutSettings(
+        agent=config.agent,
+        edit_format=config.edit_format,
+        concurrency=config.rollout_concurrency,
+        timeout_s=config.rollout_timeout_s,
+        max_calls=config.rollout_max_calls,
+        context_window=config.context_window,
+    )
+    tasks = [task_from_row(row) for row in rows]
+    return str(warm_start(script.warm_start, tasks, model, settings, shlex.split(script.warm_start_args)))
 
 
 if __name__ == "__main__":

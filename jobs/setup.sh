@@ -10,6 +10,7 @@
 #   AITLRT_PYTHON  interpreter for the venv, >= 3.11       (default: python3)
 #   AITLRT_AIDER_VENV  Aider's own venv (its pins clash with trl/vLLM)  (default: $AITLRT_HOME/aider-venv)
 #   AITLRT_AIDER   1 | 0: build Aider's venv                (default: 1)
+#   AITLRT_NO_BROWSER  1: no Chromium (installed as root with apt for the run report's browser test, which this skips)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -67,6 +68,26 @@ if [ "${AITLRT_AIDER:-1}" = 1 ]; then
     echo "$AIDER_PIN" > "$AIDER_VENV/.aitlrt-setup"
     log "Aider ready in $((SECONDS - start))s"
   fi
+fi
+
+# Chromium (Debian's package) for tests/integration/test_report_browser.py; never fatal: without it that test fails
+# and says why.
+apt_chromium() { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+if [ "${AITLRT_NO_BROWSER:-0}" = 1 ]; then
+  log "AITLRT_NO_BROWSER=1: no Chromium"
+elif browser=$(command -v chromium || command -v chromium-browser || command -v google-chrome); then
+  log "Chromium: $browser"
+elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  start=$SECONDS
+  log "installing Chromium: apt-get install -y --no-install-recommends chromium"
+  if apt_chromium || { log "updating apt's package lists and trying again"; apt-get update -qq && apt_chromium; }; then
+    log "Chromium ready in $((SECONDS - start))s"
+  else
+    log "could not install Chromium: the report's browser test will fail (AITLRT_NO_BROWSER=1 skips it)"
+  fi
+else
+  log "no Chromium, and no root or apt-get to install it: the report's browser test will fail" \
+    "(install chromium, or set AITLRT_NO_BROWSER=1 to skip it)"
 fi
 
 "$VENV/bin/aitlrt" model prepare

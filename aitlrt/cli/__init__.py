@@ -67,12 +67,12 @@ def main(argv: list[str] | None = None) -> None:
     elif args.verb == "sft":
         sys.exit(sft_cli.run(args))
     elif args.verb == "report":
-        from aitlrt.report.html import read_run, write_report
+        from aitlrt.report.html import write_run_report
 
-        records = read_run(args.run_dir)
-        if not records:
-            raise SystemExit(f"aitlrt report: no rollouts under {args.run_dir / 'rollouts'}")
-        print(write_report(records, args.run_dir / "report.html", f"aitlrt run {args.run_dir}"))
+        try:
+            print(write_run_report(args.run_dir))
+        except FileNotFoundError as exc:
+            raise SystemExit(f"aitlrt report: {exc}") from None
 
 
 if __name__ == "__main__":

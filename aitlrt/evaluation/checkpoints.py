@@ -79,9 +79,12 @@ def evaluate(
         return results
 
 
-def report_records(results: Sequence[CheckpointResult]) -> list[dict[str, Any]]:
-    """One record per rollout for ``aitlrt.report.html`` (``step``: the checkpoint's position), with the last
-    call's conversation."""
+def report_records(
+    results: Sequence[CheckpointResult], weights: Mapping[str, float] | None = None
+) -> list[dict[str, Any]]:
+    """One record per rollout for ``aitlrt.report.html`` (``checkpoint``: the label; ``step``: its position), with
+    the last call's conversation, the task's oracle patch and, with ``weights``, the weighted reward (``reward``, as
+    ``aitlrt.evaluation.scoring.summarise``)."""
     records = []
     for step, result in enumerate(results):
         for i, (task, outcome) in enumerate(zip(result.batch.tasks, result.batch.outcomes, strict=True)):
@@ -93,20 +96,26 @@ def report_records(results: Sequence[CheckpointResult]) -> list[dict[str, Any]]:
                     **outcome.summary(),
                     "checkpoint": result.label,
                     "instance_id": task.instance_id,
+                    "oracle_patch": task.patch,
                     "step": step,
                     "conversation": conversation,
                     "rewards": {name: values[i] for name, values in result.rewards.items()},
                 }
             )
+            if weights:
+                records[-1]["reward"] = sum(weights.get(n, 0.0) * v[i] for n, v in result.rewards.items())
     return records
 
 
-def write_results(results: Sequence[CheckpointResult], out_dir: Path) -> tuple[Path, Path]:
-    """``out_dir/rollouts.jsonl`` (``report_records``) and ``out_dir/report.html``; return both paths."""
-    records = report_records(results)
+def write_results(
+    results: Sequence[CheckpointResult], out_dir: Path, weights: Mapping[str, float] | None = None
+) -> tuple[Path, Path]:
+    """``out_dir/rollouts.jsonl`` (``report_records``) and ``out_dir/report.html`` (these rollouts as the held-out
+    evaluation: per checkpoint and task, then each rollout); return both paths."""
+    records = report_records(results, weights)
     out_dir.mkdir(parents=True, exist_ok=True)
     rollouts = out_dir / "rollouts.jsonl"
     with open(rollouts, "w") as fh:
         fh.writelines(json.dumps(r) + "\n" for r in records)
     title = f"aitlrt eval: {' vs '.join(r.label for r in results)}"
-    return rollouts, write_report(records, out_dir / "report.html", title)
+    return rollouts, write_report([], out_dir / "report.html", title, heldout=records)

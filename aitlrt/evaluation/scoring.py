@@ -25,9 +25,17 @@ def score_batch(funcs: Mapping[str, RewardFunc], batch: Batch) -> dict[str, list
     return score(funcs, rows)
 
 
-def summarise(batch: Batch, rewards: Mapping[str, Sequence[float]]) -> dict[str, float]:
-    """Mean of each reward, of calls and completion tokens per rollout, and the share of ``ok`` rollouts."""
+def summarise(
+    batch: Batch, rewards: Mapping[str, Sequence[float]], weights: Mapping[str, float] | None = None
+) -> dict[str, float]:
+    """Mean of each reward, the edit rate (share of rollouts whose edit left a non-empty patch), with ``weights``
+    the mean weighted reward (``reward``), the mean calls and completion tokens per rollout, and the share of ``ok``
+    rollouts. The resolve rate is ``tests_pass``'s mean."""
     out = {name: statistics.fmean(values) for name, values in rewards.items()}
+    out["edit_rate"] = statistics.fmean(bool(o.patch.strip()) for o in batch.outcomes)
+    if weights:
+        per_rollout = [sum(weights.get(n, 0.0) * v[i] for n, v in rewards.items()) for i in range(len(batch.outcomes))]
+        out["reward"] = statistics.fmean(per_rollout)
     out["calls"] = statistics.fmean(o.calls for o in batch.outcomes)
     out["completion_tokens"] = statistics.fmean(o.completion_tokens for o in batch.outcomes)
     out["status_ok"] = statistics.fmean(o.status == "ok" for o in batch.outcomes)

@@ -200,6 +200,11 @@ class AgentGRPOTrainer(GRPOTrainer):
         self._weights_changed = False
         return time.monotonic() - started
 
+    def sync_final_weights(self) -> None:
+        """After training (every rank): push the policy to the server if an update ran since the last sync."""
+        if self._weights_changed:
+            self.sync_weights()
+
     def _probe_weights(self) -> None:
         """Fail unless the server scores the probe as the policy does (``aitlrt.training.probe``; every rank calls);
         log the gap."""
