@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -39,6 +40,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (plain /v1: KEY:ROLLOUT_ID)")
+    u = p.add_argument_group("an upstream that is not vLLM (with --upstream), e.g. a hosted teacher model")
+    u.add_argument(
+        "--no-token-ids",
+        action="store_true",
+        help="any OpenAI-compatible API: do not ask for vLLM's token ids and logprobs (calls are recorded with "
+        "their messages and text only), and do not send top_k unless set",
+    )
+    u.add_argument(
+        "--upstream-api-key-env",
+        default=None,
+        metavar="VAR",
+        help="send the key in environment variable VAR upstream as 'Authorization: Bearer KEY'",
+    )
     p.add_argument(
         "--run-dir",
         type=Path,
@@ -64,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def sampling_from_args(args: argparse.Namespace) -> dict:
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k}
+    if args.no_token_ids and args.top_k == -1:  # vLLM's "disabled"; other APIs may refuse an unknown top_k
+        del sampling["top_k"]
     optional = {"min_p": args.min_p, "repetition_penalty": args.repetition_penalty, "max_tokens": args.max_tokens}
     sampling.update({k: v for k, v in optional.items() if v is not None})
     return sampling
@@ -83,6 +99,13 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     run_dir = None if args.no_journal else args.run_dir
     server = None
+    if (args.no_token_ids or args.upstream_api_key_env) and not args.upstream:
+        raise SystemExit("aitlrt-serve: --no-token-ids and --upstream-api-key-env go with --upstream")
+    upstream_key = None
+    if args.upstream_api_key_env:
+        upstream_key = os.environ.get(args.upstream_api_key_env)
+        if not upstream_key:
+            raise SystemExit(f"aitlrt-serve: --upstream-api-key-env: ${args.upstream_api_key_env} is not set")
     if args.upstream:
         if vllm_args:
             raise SystemExit(f"aitlrt-serve: unknown arguments with --upstream: {' '.join(vllm_args)}")
@@ -107,6 +130,8 @@ def main(argv: list[str] | None = None) -> None:
             sampling=sampling_from_args(args),
             run_dir=run_dir,
             api_key=args.api_key,
+            upstream_api_key=upstream_key,
+            token_ids=not args.no_token_ids,
             request_timeout_s=args.request_timeout,
         )
         base = f"http://{args.host}:{args.port}"

@@ -40,9 +40,10 @@ class AgentAsked:
 
 
 def prepare_request(
-    body: Any, endpoint: Endpoint, sampling: dict[str, Any], model: str
+    body: Any, endpoint: Endpoint, sampling: dict[str, Any], model: str, token_ids: bool = True
 ) -> tuple[dict[str, Any], AgentAsked]:
-    """Validate the agent's body and return what is sent to vLLM, with what the agent asked for."""
+    """Validate the agent's body and return what is sent to vLLM, with what the agent asked for; without
+    ``token_ids`` (an upstream that is not vLLM) nothing vLLM-specific is asked for."""
     if not isinstance(body, dict):
         raise ProxyError(400, "request body must be a JSON object")
     if endpoint == "chat":
@@ -63,11 +64,12 @@ def prepare_request(
     out = {k: v for k, v in body.items() if k not in SAMPLING_KEYS and k != "max_completion_tokens"}
     out.update(sampling)
     out["model"] = model
-    out["return_token_ids"] = True
-    if endpoint == "chat":
-        out["logprobs"] = True
-    elif not asked.logprobs:
-        out["logprobs"] = 0
+    if token_ids:
+        out["return_token_ids"] = True
+        if endpoint == "chat":
+            out["logprobs"] = True
+        elif not asked.logprobs:
+            out["logprobs"] = 0
     if out.get("stream"):
         out["stream_options"] = {**stream_options, "include_usage": True}
     return out, asked

@@ -16,6 +16,11 @@ class ServeSettings:
     run_dir: Path | None = None
     """Where the append-only call journal lives; None keeps records in memory only."""
     api_key: str | None = None
+    upstream_api_key: str | None = None
+    """Sent upstream as ``Authorization: Bearer KEY`` (a hosted OpenAI-compatible API)."""
+    token_ids: bool = True
+    """Ask the upstream for vLLM's token ids and logprobs; False for any other OpenAI-compatible API (a teacher):
+    calls are then recorded with their messages and text only."""
     max_body_bytes: int = 16 * 2**20
     request_timeout_s: float = 600.0
     drain_timeout_s: float = 600.0

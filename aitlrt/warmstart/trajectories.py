@@ -1,0 +1,182 @@
+"""Successful trajectories of the real agent for supervised warm start (``aitlrt trajectories``).
+
+A teacher (the oracle of ``aitlrt.warmstart.oracle_server``, or any OpenAI-compatible server) answers the real,
+unmodified agent through ``aitlrt-serve``, so every prompt is recorded exactly as the agent sent it. Every
+rollout is scored with the built-in rewards; the ones whose weighted reward reaches ``min_reward`` are kept
+(rejection sampling), and each of their policy calls becomes one line of trl's conversational prompt-completion
+format.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aitlrt.common.procs import free_port
+from aitlrt.rewards.builtin import REWARDS
+from aitlrt.rewards.inputs import RewardFunc, reward_row, score
+from aitlrt.rollout.batch import PreparedTask, RolloutSettings, prepare_tasks, run_batch
+from aitlrt.rollout.runner import Progress, RolloutOutcome
+from aitlrt.serving.process import ServeProcess
+from aitlrt.tasks.task import Task
+from aitlrt.warmstart.oracle_server import oracle_server
+
+log = logging.getLogger(__name__)
+
+ORACLE = "oracle"
+DEFAULT_REWARDS = {"tests_pass": 1.0, "patch_similarity": 0.5}
+"""Reward name → weight: resolved counts 1, similarity to the oracle patch 0.5."""
+
+
+@dataclass(frozen=True)
+class Teacher:
+    """Who answers the agent: the oracle (``url`` None) or the OpenAI-compatible server at ``url``."""
+
+    url: str | None = None
+    model: str | None = None
+    """The model to ask ``url`` for (default: the first it lists)."""
+    api_key_env: str | None = None
+    """The environment variable holding ``url``'s API key."""
+    tokenizer: str | None = None
+    """The oracle's: the policy's tokenizer (path, Hub id or ``bundled``, the default) for the token ids it records."""
+
+    @property
+    def label(self) -> str:
+        return self.url or ORACLE
+
+    @property
+    def default_min_reward(self) -> float:
+        """With ``DEFAULT_REWARDS``: the oracle must resolve the task with its own patch (1.5); another teacher
+        must resolve it (1.0), its similarity to the oracle patch only ranking."""
+        return 1.5 if self.url is None else 1.0
+
+
+def teacher_from(
+    spec: str, model: str | None = None, api_key_env: str | None = None, tokenizer: str | None = None
+) -> Teacher:
+    """``oracle`` (with ``tokenizer``) or a server's URL (its root; a trailing ``/v1`` is dropped)."""
+    if spec == ORACLE:
+        return Teacher(tokenizer=tokenizer)
+    if not spec.startswith(("http://", "https://")):
+        raise ValueError(f"a teacher is 'oracle' or an http(s) URL, not {spec!r}")
+    url = spec.rstrip("/")
+    return Teacher(url.removesuffix("/v1"), model, api_key_env)
+
+
+def reward_funcs(names: Sequence[str]) -> dict[str, RewardFunc]:
+    """The built-in rewards called ``names``; ValueError naming the unknown ones."""
+    unknown = [name for name in names if name not in REWARDS]
+    if unknown:
+        raise ValueError(f"unknown rewards {unknown} (known: {', '.join(REWARDS)})")
+    return {name: REWARDS[name] for name in names}
+
+
+@dataclass
+class CollectReport:
+    tasks: list[Task]
+    """Each rollout's task."""
+    outcomes: list[RolloutOutcome]
+    rewards: dict[str, list[float]]
+    """Each reward's value per rollout."""
+    weighted: list[float]
+    kept: list[bool]
+    calls_written: int
+    out: Path
+    seconds: float
+
+    def kept_per_task(self) -> dict[str, int]:
+        """Kept rollouts per task id, every task listed."""
+        counts = Counter({t.instance_id: 0 for t in self.tasks})
+        counts.update(t.instance_id for t, k in zip(self.tasks, self.kept, strict=True) if k)
+        return dict(counts)
+
+
+def policy_calls(outcome: RolloutOutcome) -> Iterator[dict[str, Any]]:
+    """The rollout's answered calls of the policy itself (untagged: not Aider's weak-model summaries), in order."""
+    calls = [c for c in outcome.trace if c.get("status") == 200 and not c.get("tag")]
+    yield from sorted(calls, key=lambda c: c["call_index"])
+
+
+def sft_rows(outcome: RolloutOutcome, task: Task, reward: float, teacher: str, edit_format: str) -> list[dict]:
+    """One trl conversational prompt-completion row per policy call: the messages as the agent sent them, the
+    teacher's answer."""
+    return [
+        {
+            "prompt": call["request"]["messages"],
+            "completion": [{"role": "assistant", "content": call["text"]}],
+            "instance_id": task.instance_id,
+            "rollout_id": outcome.rollout_id,
+            "call_index": call["call_index"],
+            "reward": reward,
+            "teacher": teacher,
+            "edit_format": edit_format,
+        }
+        for call in policy_calls(outcome)
+    ]
+
+
+def _proxy_args(teacher: Teacher, upstream: str, serve_dir: Path) -> list[str]:
+    args = ["--upstream", upstream, "--run-dir", str(serve_dir)]
+    if teacher.url is not None:
+        args.append("--no-token-ids")
+        if teacher.api_key_env:
+            args += ["--upstream-api-key-env", teacher.api_key_env]
+    return args
+
+
+def collect(
+    tasks: Sequence[Task],
+    teacher: Teacher,
+    settings: RolloutSettings,
+    rewards: Mapping[str, RewardFunc],
+    weights: Sequence[float],
+    min_reward: float,
+    out: Path,
+    *,
+    serve_dir: Path = Path("runs/trajectories/serve"),
+    on_progress: Callable[[Progress], None] | None = None,
+) -> CollectReport:
+    """``settings.n`` rollouts of every task with ``teacher`` answering through a fresh ``aitlrt-serve`` (journal
+    and log in ``serve_dir``), scored with ``rewards``; the calls of those whose weighted reward reaches
+    ``min_reward`` are written to ``out`` (JSON lines, ``sft_rows``)."""
+    if len(weights) != len(rewards):
+        raise ValueError(f"{len(weights)} weights for {len(rewards)} rewards")
+    started = time.monotonic()
+    prepared: list[PreparedTask] = prepare_tasks(tasks)
+    with ExitStack() as stack:
+        if teacher.url is None:
+            oracle = oracle_server([p.task for p in prepared], settings.edit_format, tokenizer=teacher.tokenizer)
+            upstream = stack.enter_context(oracle)
+        else:
+            upstream = teacher.url
+        proxy = ServeProcess(_proxy_args(teacher, upstream, serve_dir), free_port(), serve_dir / "serve.log")
+        proxy.start()
+        stack.callback(proxy.stop)
+        proxy.wait_ready(timeout_s=60, upstream=teacher.url is None)  # a hosted API may have no /health
+        log.info("teacher %s behind aitlrt-serve at %s (log %s)", teacher.label, proxy.url, proxy.log_path)
+        batch = run_batch(prepared, proxy.url, settings, model=teacher.model, on_progress=on_progress)
+    rows = [reward_row(task.as_row(), task, o) for task, o in zip(batch.tasks, batch.outcomes, strict=True)]
+    scores = score(rewards, rows)
+    weighted = [
+        sum(w * values[i] for w, values in zip(weights, scores.values(), strict=True))
+        for i in range(len(batch.outcomes))
+    ]
+    kept = [not math.isnan(r) and r >= min_reward for r in weighted]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    written = 0
+    with open(out, "w") as fh:
+        for task, outcome, reward, keep in zip(batch.tasks, batch.outcomes, weighted, kept, strict=True):
+            if keep:
+                for row in sft_rows(outcome, task, reward, teacher.label, settings.edit_format):
+                    fh.write(json.dumps(row) + "\n")
+                    written += 1
+    log.info("%d of %d rollouts kept, %d calls written to %s", sum(kept), len(kept), written, out)
+    return CollectReport(batch.tasks, batch.outcomes, scores, weighted, kept, written, out, time.monotonic() - started)

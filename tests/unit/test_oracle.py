@@ -1,0 +1,270 @@
+"""The oracle teacher's answers: Aider's ``whole`` and ``diff`` formats written from a known file and fix, read back
+by Aider's own parsers (from its venv), the task found in a conversation, and the server's vLLM-shaped replies."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from fastapi.testclient import TestClient
+
+from aitlrt.common.model import prepare_bundled_model
+from aitlrt.rollout.agents.aider import aider_venv
+from aitlrt.tasks.task import task_from_row
+from aitlrt.warmstart.oracle import (
+    DONE,
+    FENCES,
+    OracleFile,
+    OracleTask,
+    answer,
+    edit_block,
+    identify,
+    render,
+    search_replace,
+)
+from aitlrt.warmstart.oracle_server import OracleResponder, create_app, oracle_task
+
+BEFORE = """\
+def area(w, h):
+    return w + h
+
+
+def perimeter(w, h):
+    \"\"\"The length around.\"\"\"
+    return 2 * (w + h)
+
+
+def total(items):
+    n = 0
+    for item in items:
+        n += 1
+    return n
+
+
+def count(items):
+    n = 0
+    for item in items:
+        n += 1
+    return n
+"""
+# Fixes area() and total() (whose body is the same as count()'s: the search needs context to be unique), and
+# appends a function after the last line.
+AFTER = (
+    BEFORE.replace("return w + h", "return w * h").replace(
+        "def total(items):\n    n = 0\n    for item in items:\n        n += 1",
+        "def total(items):\n    n = 0\n    for item in items:\n        n += item",
+    )
+    + "\n\ndef mean(items):\n    return total(items) / count(items)\n"
+)
+
+# Aider's own reading of an answer: its parsers, then its replacement of each block in turn, on files in a folder.
+APPLY = """
+import json, sys, tempfile
+from pathlib import Path
+from aider.coders.editblock_coder import do_replace, find_original_update_blocks
+from aider.coders.wholefile_coder import WholeFileCoder
+
+job = json.load(sys.stdin)
+fence, files = tuple(job["fence"]), job["files"]
+with tempfile.TemporaryDirectory() as root:
+    for path, text in files.items():
+        (Path(root) / path).parent.mkdir(parents=True, exist_ok=True)
+        (Path(root) / path).write_text(text)
+    if job["format"] == "whole":
+        coder = WholeFileCoder.__new__(WholeFileCoder)
+        coder.fence, coder.root, coder.abs_root_path_cache = fence, root, {}
+        coder.get_multi_response_content_in_progress = lambda: job["answer"]
+        coder.get_inchat_relative_files = lambda: list(files)
+        for path, _, lines in coder.get_edits():
+            (Path(root) / path).write_text("".join(lines))
+    else:
+        for path, search, replace in find_original_update_blocks(job["answer"], fence, list(files)):
+            full = Path(root) / path
+            new = do_replace(str(full), full.read_text(), search, replace, fence)
+            assert new, f"no match for {search!r}"
+            full.write_text(new)
+    print(json.dumps({path: (Path(root) / path).read_text() for path in files}))
+"""
+
+
+def aider_applies(text: str, edit_format: str, files: dict[str, str], fence=FENCES[0]) -> dict[str, str]:
+    """The files after Aider parsed and applied ``text`` (in its own venv)."""
+    job = json.dumps({"answer": text, "format": edit_format, "files": files, "fence": fence})
+    done = subprocess.run(
+        [str(aider_venv() / "bin" / "python"), "-c", APPLY], input=job, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def test_whole_format_is_each_changed_file_in_full_under_its_path():
+    files = [OracleFile("pkg/geo.py", BEFORE, AFTER)]
+    text = render(files, "whole")
+    assert text == f"pkg/geo.py\n```\n{AFTER}```\n"
+    assert aider_applies(text, "whole", {"pkg/geo.py": BEFORE}) == {"pkg/geo.py": AFTER}
+    fence = ("<source>", "</source>")  # what Aider uses when a file has lines starting with ```
+    assert render(files, "whole", fence) == f"pkg/geo.py\n<source>\n{AFTER}</source>\n"
+
+
+def test_diff_format_has_one_block_per_hunk_with_the_least_context_that_is_unique():
+    blocks = search_replace(BEFORE, AFTER, "pkg/geo.py")
+    assert blocks == [
+        ("    return w + h\n", "    return w * h\n"),
+        # "        n += 1" is in total() and count(): one line above is still ambiguous, the def makes it unique
+        (
+            "def total(items):\n    n = 0\n    for item in items:\n        n += 1\n",
+            "def total(items):\n    n = 0\n    for item in items:\n        n += item\n",
+        ),
+        # an insertion needs a non-blank search: the file's last lines ("return n" alone is also in total())
+        (
+            "        n += 1\n    return n\n",
+            "        n += 1\n    return n\n\n\ndef mean(items):\n    return total(items) / count(items)\n",
+        ),
+    ]
+    for search, _ in blocks[:2]:
+        assert BEFORE.count(search) == 1
+    text = render([OracleFile("pkg/geo.py", BEFORE, AFTER)], "diff")
+    assert text.startswith("pkg/geo.py\n```python\n<<<<<<< SEARCH\n    return w + h\n=======\n")
+    assert text.count("<<<<<<< SEARCH") == 3 and text.count(">>>>>>> REPLACE\n```\n") == 3
+    assert aider_applies(text, "diff", {"pkg/geo.py": BEFORE}) == {"pkg/geo.py": AFTER}
+
+
+def test_diff_searches_match_the_file_as_the_blocks_before_left_it():
+    filler = "".join(f"f{i} = {i}\n" for i in range(8))
+    before, after = f"a = 0\n{filler}b = 1\n", f"b = 1\n{filler}b = 2\n"
+    # "b = 1" is unique in the original file, but not once the first block has made another one
+    assert search_replace(before, after, "m.py") == [("a = 0\n", "b = 1\n"), ("f7 = 7\nb = 1\n", "f7 = 7\nb = 2\n")]
+    assert aider_applies(render([OracleFile("m.py", before, after)], "diff"), "diff", {"m.py": before}) == {
+        "m.py": after
+    }
+    # Aider drops a last blank line of a block, and a first line ending with the file's name (taken for the path):
+    # such blocks get other context
+    cases = {
+        ("x = 1\ny = 2\n", "x = 1\n\ny = 2\n"): [("y = 2\n", "\ny = 2\n")],
+        ("x = 0\n# see m.py\n", "x = 0\n# see m.py too\n"): [("x = 0\n# see m.py\n", "x = 0\n# see m.py too\n")],
+    }
+    for (before, after), blocks in cases.items():
+        assert search_replace(before, after, "m.py") == blocks
+        assert aider_applies(render([OracleFile("m.py", before, after)], "diff"), "diff", {"m.py": before}) == {
+            "m.py": after
+        }
+
+
+def test_new_files_deleted_files_and_marker_lines():
+    assert search_replace("", "print(1)\n", "new.py") == [("", "print(1)\n")]
+    with pytest.raises(ValueError, match="deletes"):
+        render([OracleFile("gone.py", "x = 1\n", "")], "diff")
+    with pytest.raises(ValueError, match="marker"):
+        search_replace("a = 1\n", "a = '''\n=======\n'''\n", "m.py")
+    with pytest.raises(ValueError, match="edit formats"):
+        render([OracleFile("m.py", "a\n", "b\n")], "udiff")
+
+
+def _files_message(listings: dict[str, str], fence=FENCES[0]) -> dict[str, str]:
+    """Aider's message of the files in the chat (``Coder.get_files_content``)."""
+    body = "".join(f"\n{path}\n{fence[0]}\n{text}{fence[1]}\n" for path, text in listings.items())
+    return {
+        "role": "user",
+        "content": "I have *added these files to the chat* so you can go ahead and edit them.\n" + body,
+    }
+
+
+def _conversation(files: dict[str, str] | None, request: str, fence=FENCES[0]) -> list[dict[str, str]]:
+    messages = [{"role": "system", "content": "Act as an expert software developer."}]
+    if files is not None:
+        messages += [_files_message(files, fence), {"role": "assistant", "content": "Ok."}]
+    return [*messages, {"role": "user", "content": request}]
+
+
+GEO = OracleTask("geo-1", "area() adds; make it multiply.", (OracleFile("pkg/geo.py", BEFORE, AFTER),))
+OTHER = OracleTask("other-1", "fix the other bug", (OracleFile("pkg/other.py", "a = 1\n", "a = 2\n"),))
+
+
+def test_the_task_is_found_by_its_files_and_answered_in_the_fence_aider_chose():
+    fence = ("````", "````")
+    messages = _conversation({"pkg/geo.py": BEFORE}, GEO.problem_statement, fence)
+    match = identify([OTHER, GEO], messages)
+    assert match is not None and match.task is GEO and match.fence == fence and match.at_start == ("pkg/geo.py",)
+    text = answer([OTHER, GEO], messages, "whole")
+    assert text == f"pkg/geo.py\n````\n{AFTER}````\n"
+    # CRLF and trailing spaces in the chat do not hide the file
+    crlf = _conversation({"pkg/geo.py": BEFORE.replace("\n", "  \r\n")}, "fix it")
+    assert answer([OTHER, GEO], crlf, "diff") == render(GEO.files, "diff")
+
+
+def test_follow_ups_missing_files_and_strangers():
+    tasks = [OTHER, GEO]
+    # the fix applied: nothing more to say, Aider ends
+    assert answer(tasks, _conversation({"pkg/geo.py": AFTER}, "fix it"), "whole") == DONE
+    # no file in the chat: the problem statement names the task, the answer asks for its files (Aider adds them)
+    asked = answer(tasks, _conversation(None, f"{GEO.problem_statement}\n\nReply in English."), "diff")
+    assert asked == "Please add pkg/geo.py to the chat."
+    # unknown files and an unknown request
+    assert answer(tasks, _conversation({"pkg/geo.py": "print('hi')\n"}, "do something"), "whole") == DONE
+    # the last user message showing files wins
+    messages = [
+        *_conversation({"pkg/other.py": "a = 1\n"}, OTHER.problem_statement),
+        {"role": "assistant", "content": "Please add pkg/geo.py to the chat."},
+        _files_message({"pkg/geo.py": BEFORE}),
+    ]
+    assert answer(tasks, messages, "whole") == render(GEO.files, "whole")
+    # a file whose last line has no newline: Aider's fence closes that line
+    glued = OracleTask("g", "g", (OracleFile("g.py", "a = 1", "a = 2"),))
+    message = {"role": "user", "content": "g.py\n```\na = 1```\n"}
+    assert answer([glued], [message], "diff") == edit_block("g.py", "a = 1\n", "a = 2\n")
+
+
+@pytest.fixture(scope="module")
+def responder(tmp_path_factory) -> OracleResponder:
+    from aitlrt.common.git import git
+
+    repo = tmp_path_factory.mktemp("geo")
+    (repo / "pkg").mkdir()
+    (repo / "pkg" / "geo.py").write_text(BEFORE)
+    (repo / "pkg" / "old.py").write_text("OLD = 1\n")
+    git("init", "-q", cwd=repo)
+    git("add", "-A", cwd=repo)
+    git("commit", "-qm", "base", cwd=repo)
+    (repo / "pkg" / "geo.py").write_text(AFTER)
+    fix = git("diff", cwd=repo)
+    (repo / "pkg" / "old.py").unlink()
+    deletion = git("diff", "--", "pkg/old.py", cwd=repo)
+    git("checkout", "--", ".", cwd=repo)
+    rows = [
+        {"instance_id": "geo-1", "problem_statement": GEO.problem_statement, "repo_path": str(repo), "patch": fix},
+        {"instance_id": "gone-1", "problem_statement": "remove old.py", "repo_path": str(repo), "patch": deletion},
+    ]
+    tasks = [task_from_row(row) for row in rows]
+    assert oracle_task(tasks[0]) == GEO
+    return OracleResponder(tasks, "whole", str(prepare_bundled_model()))
+
+
+def test_the_server_answers_like_vllm_with_token_ids(responder):
+    assert [t.instance_id for t in responder.tasks] == ["geo-1"]  # a fix that deletes a file cannot be written
+    client = TestClient(create_app(responder))
+    assert client.get("/health").status_code == 200
+    assert client.get("/v1/models").json()["data"][0]["id"] == "oracle"
+    messages = _conversation({"pkg/geo.py": BEFORE}, GEO.problem_statement)
+    body = {"model": "oracle", "messages": messages, "logprobs": True, "return_token_ids": True, "temperature": 0}
+    reply = client.post("/v1/chat/completions", json=body).json()
+    (choice,) = reply["choices"]
+    assert choice["message"] == {"role": "assistant", "content": render(GEO.files, "whole")}
+    assert choice["finish_reason"] == "stop"
+    tok = responder.tokenizer
+    template = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert reply["prompt_token_ids"] == tok.encode(template, add_special_tokens=False)
+    assert choice["token_ids"][-1] == tok.eos_token_id
+    assert tok.decode(choice["token_ids"], skip_special_tokens=True) == choice["message"]["content"]
+    assert [t["logprob"] for t in choice["logprobs"]["content"]] == [0.0] * len(choice["token_ids"])
+    usage = reply["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (
+        len(reply["prompt_token_ids"]),
+        len(choice["token_ids"]),
+    )
+    # a plain OpenAI request gets a plain answer
+    plain = client.post("/v1/chat/completions", json={"messages": messages}).json()
+    assert "prompt_token_ids" not in plain and "logprobs" not in plain["choices"][0]
+    streamed = client.post("/v1/chat/completions", json={"messages": messages, "stream": True})
+    assert streamed.status_code == 400 and streamed.json()["error"]["param"] == "stream"
+    assert client.post("/v1/chat/completions", json={"messages": "hi"}).status_code == 400
