@@ -3,8 +3,9 @@ beyond PyPI (SWE-smith's procedural method).
 
 For each candidate mutation (``tasks.mutations``) of the library's code, run the test suite on the mutated code;
 keep it when at least one test goes pass→fail and at least one still passes. The task's starting point is the
-source plus the bug (``setup_patch``), its oracle the reverse, FAIL_TO_PASS the broken tests, PASS_TO_PASS the
-ones still passing, and its problem statement names the failing tests.
+source plus the bug (``setup_patch``), its oracle git's diff back to the source (what an agent's exact fix gives),
+FAIL_TO_PASS the broken tests, PASS_TO_PASS the ones still passing, and its problem statement names the failing
+tests.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from aitlrt.common.workspace import workspace
 from aitlrt.tasks.envs import TestEnv, ensure_env
 from aitlrt.tasks.grading import PASSING, parse_pytest
 from aitlrt.tasks.mutations import Mutation, mutations
-from aitlrt.tasks.patches import reverse
 from aitlrt.tasks.sandbox import run_sandboxed
 from aitlrt.tasks.sources import Source, materialise
 from aitlrt.tasks.task import PROBLEM_TEMPLATE, Task
@@ -90,6 +90,16 @@ def _candidates(
         yield from (c for c in group if c is not None)
 
 
+def _fix_diff(repo: Path, path: str, original: str) -> str:
+    """The oracle fix as git writes it from the bug to the fix, as an agent's patch is taken (the bug's diff
+    reversed differs in text where the bug moved lines: git keeps other lines as context); restores ``path``."""
+    git("add", "--", path, cwd=repo)
+    (repo / path).write_text(original)
+    fix = git("diff", cwd=repo)
+    git("reset", "-q", "--", path, cwd=repo)
+    return fix
+
+
 def _row(
     source: Source,
     name: str,
@@ -97,6 +107,7 @@ def _row(
     path: str,
     mutation: Mutation,
     bug: str,
+    fix: str,
     f2p: list[str],
     p2p: list[str],
     env: dict[str, Any] | None,
@@ -108,7 +119,7 @@ def _row(
         "version": version,
         "source": str(source),
         "setup_patch": bug,
-        "patch": reverse(bug),
+        "patch": fix,
         "test_patch": "",
         "FAIL_TO_PASS": f2p,
         "PASS_TO_PASS": p2p,
@@ -167,10 +178,11 @@ def generate_tasks(
                         return
                     report.candidates += 1
                 path, mutation = candidate
+                original = (ws.repo / path).read_text()
                 (ws.repo / path).write_text(mutation.source)
                 bug = git("diff", cwd=ws.repo)
                 statuses, timed_out, _ = _run_suite(test_env, ws.repo, timeout)
-                git("checkout", "-q", "--", path, cwd=ws.repo)
+                fix = _fix_diff(ws.repo, path, original)
                 f2p = [t for t in passing if statuses.get(t) not in PASSING]
                 p2p = [t for t in passing if statuses.get(t) in PASSING]
                 with lock:
@@ -183,7 +195,8 @@ def generate_tasks(
                     elif report.kept < max_tasks:
                         report.kept += 1
                         report.kinds[mutation.kind] = report.kinds.get(mutation.kind, 0) + 1
-                        sink.write(json.dumps(_row(source, name, version, path, mutation, bug, f2p, p2p, env)) + "\n")
+                        row = _row(source, name, version, path, mutation, bug, fix, f2p, p2p, env)
+                        sink.write(json.dumps(row) + "\n")
                         sink.flush()
                         log.info(
                             "task %d/%d: %s: %s (%d failing, %d passing)",

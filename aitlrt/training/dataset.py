@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+GENERATED_TASKS_VERSION = 2
+"""Bumped when generated tasks change (2: the oracle patch is git's diff of the fix): older caches are not reused."""
+
 
 def generated_tasks(source: str, num_tasks: int | None, max_file_lines: int | None) -> Path:
     """The task file generated from ``source`` under ``$AITLRT_HOME/tasks``, topped up to ``num_tasks`` (default 8)
@@ -25,6 +28,7 @@ def generated_tasks(source: str, num_tasks: int | None, max_file_lines: int | No
 
     name = source.replace(":", "-").replace("/", "_").replace("==", "-")
     name += f"-max{max_file_lines}" if max_file_lines else ""
+    name += f"-v{GENERATED_TASKS_VERSION}"
     path = aitlrt_home() / "tasks" / f"{name}.jsonl"
     want = num_tasks or 8
     have = len(path.read_text().splitlines()) if path.exists() else 0

@@ -13,7 +13,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -59,18 +59,54 @@ def oracle_task(task: Task) -> OracleTask:
     return OracleTask(task.instance_id, task.problem_statement, tuple(f for f in files if f.before != f.after))
 
 
+def fix_patch(oracle: OracleTask) -> str:
+    """The oracle fix as git writes it: the diff from the files at the task's start to the fixed files, made as
+    ``aitlrt.common.workspace.patch_of`` makes an agent's, so an agent that writes exactly these files has exactly
+    this patch. Its text may differ from the task's ``patch`` for the same change: a generated task's patch is
+    its mutation's diff reversed, and where lines moved (``invert_if``, ``shuffle_statements``) git's diff of the
+    fix keeps the other side's lines as context, which costs patch similarity (~0.8) though the files are equal."""
+    with tempfile.TemporaryDirectory(prefix="aitlrt-oracle-") as tmp:
+        root = Path(tmp)
+        git("init", "-q", cwd=root)
+        for f in oracle.files:
+            if f.before:
+                (root / f.path).parent.mkdir(parents=True, exist_ok=True)
+                (root / f.path).write_text(f.before)
+        git("add", "-A", cwd=root)
+        git("-c", "commit.gpgsign=false", "commit", "-q", "--allow-empty", "-m", "start", cwd=root)
+        for f in oracle.files:
+            if f.after:
+                (root / f.path).parent.mkdir(parents=True, exist_ok=True)
+                (root / f.path).write_text(f.after)
+            else:
+                (root / f.path).unlink(missing_ok=True)
+        git("add", "-A", cwd=root)
+        return git("diff", "--cached", "--binary", "HEAD", cwd=root)
+
+
+def oracle_tasks(tasks: Iterable[Task]) -> dict[str, OracleTask]:
+    """``oracle_task`` of each of ``tasks`` by instance id; one whose fix does not apply is left out with a warning."""
+    out = {}
+    for task in tasks:
+        try:
+            out[task.instance_id] = oracle_task(task)
+        except (RuntimeError, ValueError) as exc:
+            log.warning("oracle: leaving out task %s: %s", task.instance_id, exc)
+    return out
+
+
 def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
     body = {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": status}}
     return JSONResponse(body, status_code=status)
 
 
 class OracleResponder:
-    """Answers chat requests for ``tasks`` in ``edit_format``, with token ids from ``tokenizer`` (the policy's: a
-    path, Hub id or ``bundled``, the default)."""
+    """Answers chat requests for ``tasks`` (``Task``s, or their ``oracle_task`` already read) in ``edit_format``,
+    with token ids from ``tokenizer`` (the policy's: a path, Hub id or ``bundled``, the default)."""
 
     def __init__(
         self,
-        tasks: Sequence[Task],
+        tasks: Sequence[Task | OracleTask],
         edit_format: str,
         tokenizer: str | None = None,
         model_name: str = ORACLE_MODEL,
@@ -85,11 +121,11 @@ class OracleResponder:
         self.tokenizer = AutoTokenizer.from_pretrained(resolve_model(tokenizer or "bundled"))
         self._lock = threading.Lock()  # a fast tokenizer is not to be shared by threads at once
 
-    def _load(self, task: Task) -> OracleTask | None:
+    def _load(self, task: Task | OracleTask) -> OracleTask | None:
         """``task``'s files, or None with a warning when its fix does not apply or cannot be written in the edit
         format (its requests are then answered ``DONE``)."""
         try:
-            oracle = oracle_task(task)
+            oracle = task if isinstance(task, OracleTask) else oracle_task(task)
             render(oracle.files, self.edit_format)
         except (RuntimeError, ValueError) as exc:
             log.warning("oracle: leaving out task %s: %s", task.instance_id, exc)
@@ -188,7 +224,7 @@ def serve_in_thread(app: FastAPI, host: str = "127.0.0.1") -> Iterator[str]:
 
 @contextmanager
 def oracle_server(
-    tasks: Sequence[Task],
+    tasks: Sequence[Task | OracleTask],
     edit_format: str,
     *,
     tokenizer: str | None = None,

@@ -27,7 +27,7 @@ from aitlrt.rollout.batch import PreparedTask, RolloutSettings, prepare_tasks, r
 from aitlrt.rollout.runner import Progress, RolloutOutcome
 from aitlrt.serving.process import ServeProcess
 from aitlrt.tasks.task import Task
-from aitlrt.warmstart.oracle_server import oracle_server
+from aitlrt.warmstart.oracle_server import fix_patch, oracle_server, oracle_tasks
 
 log = logging.getLogger(__name__)
 
@@ -146,14 +146,17 @@ def collect(
 ) -> CollectReport:
     """``settings.n`` rollouts of every task with ``teacher`` answering through a fresh ``aitlrt-serve`` (journal
     and log in ``serve_dir``), scored with ``rewards``; the calls of those whose weighted reward reaches
-    ``min_reward`` are written to ``out`` (JSON lines, ``sft_rows``)."""
+    ``min_reward`` are written to ``out`` (JSON lines, ``sft_rows``). ``patch_similarity`` compares each rollout's
+    patch with the task's fix as git writes it (``oracle_server.fix_patch``), so a rollout that leaves exactly the
+    fixed files scores 1.0 even where the task's patch text aligns the change differently."""
     if len(weights) != len(rewards):
         raise ValueError(f"{len(weights)} weights for {len(rewards)} rewards")
     started = time.monotonic()
     prepared: list[PreparedTask] = prepare_tasks(tasks)
+    oracles = oracle_tasks(p.task for p in prepared)
     with ExitStack() as stack:
         if teacher.url is None:
-            oracle = oracle_server([p.task for p in prepared], settings.edit_format, tokenizer=teacher.tokenizer)
+            oracle = oracle_server(list(oracles.values()), settings.edit_format, tokenizer=teacher.tokenizer)
             upstream = stack.enter_context(oracle)
         else:
             upstream = teacher.url
@@ -163,7 +166,13 @@ def collect(
         proxy.wait_ready(timeout_s=60, upstream=teacher.url is None)  # a hosted API may have no /health
         log.info("teacher %s behind aitlrt-serve at %s (log %s)", teacher.label, proxy.url, proxy.log_path)
         batch = run_batch(prepared, proxy.url, settings, model=teacher.model, on_progress=on_progress)
-    rows = [reward_row(task.as_row(), task, o) for task, o in zip(batch.tasks, batch.outcomes, strict=True)]
+    # similarity to the oracle fix as git writes it (what the agent's patch is when its files are the fixed ones),
+    # not to the task's patch text, which may align the same change differently (see ``fix_patch``)
+    fixes = {instance_id: fix_patch(oracle) for instance_id, oracle in oracles.items()}
+    rows = [
+        reward_row({**task.as_row(), "patch": fixes.get(task.instance_id, task.patch)}, task, o)
+        for task, o in zip(batch.tasks, batch.outcomes, strict=True)
+    ]
     scores = score(rewards, rows)
     weighted = [
         sum(w * values[i] for w, values in zip(weights, scores.values(), strict=True))

@@ -1,6 +1,7 @@
 """The oracle teacher with the real Aider agent (warm workers) through a real ``aitlrt-serve``: on the generated
-cachetools tasks and four SWE-smith webargs tasks, in the ``whole`` and ``diff`` formats, Aider's final diff is the
-oracle patch and the task's tests pass (real grading). ``aitlrt trajectories`` writes the kept rollouts' calls as
+cachetools tasks (an ``invert_if`` and a ``shuffle_statements`` among them, whose patch text is not git's diff of the
+fix) and four SWE-smith webargs tasks, in the ``whole`` and ``diff`` formats, Aider's final diff is the oracle fix
+as git writes it and the task's tests pass (real grading). ``aitlrt trajectories`` writes the kept rollouts' calls as
 the proxy recorded them and rejects a teacher that answers garbage (the bundled model on the session's vLLM).
 The proxy's mode for teachers that are not vLLM is checked against a server that refuses unknown fields."""
 
@@ -20,8 +21,9 @@ from fastapi.responses import JSONResponse
 from aitlrt.rollout.batch import RolloutSettings
 from aitlrt.tasks.loader import load_tasks
 from aitlrt.tasks.patches import similarity
+from aitlrt.tasks.task import Task
 from aitlrt.training.dataset import generated_tasks
-from aitlrt.warmstart.oracle_server import serve_in_thread
+from aitlrt.warmstart.oracle_server import fix_patch, oracle_task, serve_in_thread
 from aitlrt.warmstart.trajectories import DEFAULT_REWARDS, Teacher, collect, policy_calls, reward_funcs
 from tests.conftest import chat, trace
 
@@ -39,11 +41,20 @@ def cachetools_file() -> Path:
     return generated_tasks("pypi:cachetools==8.0.1", 4, 200)
 
 
+def _moved_lines(tasks: list[Task], strategy: str) -> Task:
+    """The first task of a mutation ``strategy``, preferring one whose patch (the mutation's diff reversed) is not
+    the diff git writes of its fix: the lines it moves are aligned the other way."""
+    of_kind = [t for t in tasks if t.row.get("strategy") == strategy]
+    return min(of_kind, key=lambda t: similarity(fix_patch(oracle_task(t)), t.patch) == 1.0)
+
+
 @pytest.fixture(scope="module")
 def tasks(cachetools_file: Path, data_dir: Path):
     cachetools = load_tasks(cachetools_file, limit=4).tasks
+    max110 = load_tasks(generated_tasks("pypi:cachetools==8.0.1", 31, 110)).tasks
+    cachetools += [_moved_lines(max110, "invert_if"), _moved_lines(max110, "shuffle_statements")]
     webargs = load_tasks(data_dir / "swesmith_webargs" / "tasks.jsonl", ids=set(WEBARGS)).tasks
-    assert len(cachetools) == 4 and all(t.files for t in cachetools)
+    assert len({t.instance_id for t in cachetools}) == 6 and all(t.files for t in cachetools)
     assert len(webargs) == 4 and not any(t.files for t in webargs)  # the oracle must ask for them
     return cachetools + webargs
 
@@ -70,16 +81,18 @@ def test_aider_with_the_oracle_reproduces_the_oracle_patch_and_passes_the_tests(
     for i, (task, outcome) in enumerate(zip(report.tasks, report.outcomes, strict=True)):
         why = f"{task.instance_id}: {outcome.reason}\n{outcome.log_tail[-2000:]}"
         assert outcome.status == "ok", why
-        assert similarity(outcome.patch, task.patch) == 1.0, why + outcome.patch
+        # the fixed files exactly: the patch git writes of the oracle fix (the task's patch text may align moved
+        # lines the other way, ~0.8 similar), which collect() scores patch_similarity against
+        assert similarity(outcome.patch, fix_patch(oracle_task(task))) == 1.0, why + outcome.patch
         assert report.rewards["patch_similarity"][i] == 1.0
         assert report.rewards["tests_pass"][i] == 1.0, why  # FAIL_TO_PASS pass, PASS_TO_PASS still pass
         # files given up front: the edit at once; none (webargs): "Please add <file>", Aider adds it, the edit
         # (and Aider's weak-model summary of a long chat, tagged, not a policy call)
         assert len(list(policy_calls(outcome))) == (1 if task.files else 2), why
-    assert report.kept == [True] * 8 and report.kept_per_task() == {t.instance_id: 1 for t in report.tasks}
+    assert report.kept == [True] * 10 and report.kept_per_task() == {t.instance_id: 1 for t in report.tasks}
 
     rows = [json.loads(line) for line in report.out.read_text().splitlines()]
-    assert len(rows) == report.calls_written == 4 * 1 + 4 * 2
+    assert len(rows) == report.calls_written == 6 * 1 + 4 * 2
     records = journal(serve_dir)
     for row in rows:
         assert set(row) == ROW_KEYS and row["teacher"] == "oracle" and row["edit_format"] == edit_format

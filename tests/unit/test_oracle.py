@@ -23,7 +23,7 @@ from aitlrt.warmstart.oracle import (
     render,
     search_replace,
 )
-from aitlrt.warmstart.oracle_server import OracleResponder, create_app, oracle_task
+from aitlrt.warmstart.oracle_server import OracleResponder, create_app, fix_patch, oracle_task
 
 BEFORE = """\
 def area(w, h):
@@ -268,3 +268,34 @@ def test_the_server_answers_like_vllm_with_token_ids(responder):
     streamed = client.post("/v1/chat/completions", json={"messages": messages, "stream": True})
     assert streamed.status_code == 400 and streamed.json()["error"]["param"] == "stream"
     assert client.post("/v1/chat/completions", json={"messages": "hi"}).status_code == 400
+
+
+def test_fix_patch_is_the_diff_git_writes_of_the_fix_not_the_tasks_patch_text(tmp_path):
+    from aitlrt.common.git import git
+    from aitlrt.tasks.patches import reverse, similarity
+
+    # A generated task's patch is its mutation's diff reversed; where the mutation moved lines (here two swapped
+    # statements), git's diff of the fix keeps the other line as context: same files, another patch text.
+    fixed = "def f(a):\n    a.x = 1\n    a.y = 2\n    return a\n"
+    broken = "def f(a):\n    a.y = 2\n    a.x = 1\n    return a\n"
+    (tmp_path / "m.py").write_text(fixed)
+    git("init", "-q", cwd=tmp_path)
+    git("add", "-A", cwd=tmp_path)
+    git("commit", "-qm", "fixed", cwd=tmp_path)
+    (tmp_path / "m.py").write_text(broken)
+    patch = reverse(git("diff", cwd=tmp_path))
+    git("commit", "-qam", "broken", cwd=tmp_path)  # the task's start
+    (tmp_path / "m.py").write_text(fixed)
+    agent = git("diff", cwd=tmp_path)  # what an agent that writes exactly the fixed file leaves
+    git("checkout", "--", ".", cwd=tmp_path)
+
+    task = task_from_row(
+        {"instance_id": "swap-1", "problem_statement": "swap", "repo_path": str(tmp_path), "patch": patch}
+    )
+    oracle = oracle_task(task)
+    assert oracle.files == (OracleFile("m.py", broken, fixed),)
+    assert similarity(agent, patch) < 0.9  # the agent's files are the fix, its patch text is not the task's
+    assert similarity(agent, fix_patch(oracle)) == 1.0
+    assert aider_applies(render(oracle.files, "diff"), "diff", {"m.py": broken}) == {"m.py": fixed}
+    # the responder also takes tasks already read
+    assert OracleResponder([oracle], "diff", str(prepare_bundled_model())).tasks == [oracle]

@@ -1,0 +1,99 @@
+"""The warm start of a training run (``aitlrt/train.py --warm_start``): trajectories of the real agent on the training
+tasks answered by the oracle teacher (``aitlrt.warmstart.trajectories``), then supervised fine-tuning on them
+(``aitlrt.warmstart.sft``). The result is cached under ``$AITLRT_HOME/warmstart/<key>`` (trajectories, SFT metrics,
+the model), keyed by everything that shapes it: the model, the tasks and their oracle patches, the agent's settings
+and the SFT flags; a second run with the same inputs reuses it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+from aitlrt.common.model import resolve_model
+from aitlrt.common.paths import aitlrt_home
+from aitlrt.rollout.batch import RolloutSettings
+from aitlrt.tasks.task import Task
+from aitlrt.warmstart.trajectories import DEFAULT_REWARDS, collect, reward_funcs, teacher_from
+
+log = logging.getLogger(__name__)
+
+ORACLE = "oracle"
+RECIPE_VERSION = 1
+"""Bump when the warm start's code changes what it produces: cached warm starts of other versions are not reused."""
+
+
+def cache_key(source: str, tasks: Sequence[Task], model: str, settings: RolloutSettings, flags: Sequence[str]) -> str:
+    """What the warm start depends on, hashed."""
+    data = Path(source).read_bytes() if source != ORACLE else b""
+    inputs = {
+        "version": RECIPE_VERSION,
+        "source": source,
+        "data": hashlib.sha256(data).hexdigest(),
+        "model": model,
+        "tasks": [(t.instance_id, t.setup_patch, t.patch) for t in tasks] if source == ORACLE else [],
+        "settings": {k: v for k, v in asdict(settings).items() if k not in ("concurrency", "timeout_s")},
+        "flags": list(flags),
+    }
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def sft_from_flags(data: Path, model: str, output_dir: Path, flags: Sequence[str]) -> None:
+    """``aitlrt sft --data DATA --model_name_or_path MODEL --output_dir OUT FLAGS...``, in this process."""
+    from trl import ModelConfig, TrlParser
+
+    from aitlrt.warmstart.sft import SftScriptArguments, WarmStartSFTConfig, train_sft
+
+    parser = TrlParser((SftScriptArguments, WarmStartSFTConfig, ModelConfig))  # type: ignore[arg-type]
+    argv = ["--data", str(data), "--model_name_or_path", model, "--output_dir", str(output_dir), *flags]
+    script, config, model_args = parser.parse_args_and_config(argv)
+    train_sft(script, config, model_args)
+
+
+def warm_start(
+    source: str, tasks: Sequence[Task], model: str, settings: RolloutSettings, flags: Sequence[str] = ()
+) -> Path:
+    """The warm-start model folder for ``tasks``: fine-tuned from ``model`` on the oracle teacher's trajectories
+    (``source`` ``oracle``) or on the trajectories file ``source``, with ``aitlrt sft`` ``flags``; cached."""
+    model = resolve_model(model)
+    if source != ORACLE and not Path(source).is_file():
+        raise ValueError(f"warm_start must be 'oracle', 'none' or a trajectories file; {source!r} is neither")
+    folder = aitlrt_home() / "warmstart" / cache_key(source, tasks, model, settings, flags)
+    done = folder / "done.json"
+    if done.is_file():
+        log.info("warm start: cached %s (%s)", folder / "model", json.loads(done.read_text()).get("summary", ""))
+        return folder / "model"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    started = time.monotonic()
+    data = Path(source)
+    summary = ""
+    if source == ORACLE:
+        data = folder / "trajectories.jsonl"
+        log.info("warm start: the oracle teacher answers the agent on %d training tasks", len(tasks))
+        report = collect(
+            tasks,
+            teacher_from(ORACLE, tokenizer=model),
+            settings,
+            reward_funcs(list(DEFAULT_REWARDS)),
+            list(DEFAULT_REWARDS.values()),
+            teacher_from(ORACLE).default_min_reward,
+            data,
+            serve_dir=folder / "serve",
+        )
+        kept = sum(report.kept)
+        summary = f"{kept} of {len(report.kept)} oracle rollouts kept, {report.calls_written} calls"
+        log.info("warm start: %s in %.0f s", summary, report.seconds)
+        if not report.calls_written:
+            raise RuntimeError(f"warm start: no oracle trajectory reproduced its task's fix (see {folder / 'serve'})")
+    log.info("warm start: fine-tuning %s on %s", model, data)
+    sft_from_flags(data, model, folder / "model", flags)
+    seconds = time.monotonic() - started
+    done.write_text(json.dumps({"summary": summary, "seconds": seconds, "data": str(data)}))
+    log.info("warm start: %s ready in %.0f s", folder / "model", seconds)
+    return folder / "model"

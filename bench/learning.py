@@ -1,0 +1,180 @@
+"""Does training make the agent better on tasks it did not train on? ``python bench/learning.py`` (no arguments: the
+embedded recipe, ``configs/cpu_demo.yaml``).
+
+The tasks of the recipe are split into training and held-out tasks (``aitlrt.tasks.split``: no mutated function in
+both, and at least one file held out whole). The warm start (oracle teacher + ``aitlrt sft`` on the training tasks,
+cached, shared by the seeds: its data and fine-tuning are deterministic) is made once; then for each seed a GRPO
+run (``aitlrt/train.py`` on the training tasks only, from the warm start, vLLM seeded) and one evaluation server
+that scores, on the held-out tasks and with the run's agent and sampling, the base model, the warm start and the
+warm start + GRPO (weights reloaded into the same server). Per checkpoint: the edit rate (the agent's edit left a
+non-empty patch), the mean patch similarity to the oracle, the resolve rate (FAIL_TO_PASS and PASS_TO_PASS pass)
+and the mean weighted reward of the run's reward functions.
+
+Everything stays under the folder printed at the start (task splits, warm start, per seed the GRPO checkpoint,
+its metrics and the held-out rollouts), so the checkpoints can be evaluated elsewhere with ``aitlrt eval``.
+``zero_loss_updates`` counts the GRPO optimizer updates that ran (not skipped by dynamic sampling) with a zero
+gradient norm: updates that could not change a weight.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+CONFIG = ROOT / "configs" / "cpu_demo.yaml"
+SEEDS = (0, 1, 2)
+LABELS = ("base", "warm start", "warm start + GRPO")
+COLUMNS = (("edit", "edit_rate"), ("simil.", "patch_similarity"), ("resolve", "tests_pass"), ("reward", "reward"))
+
+
+def write_rows(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def grpo(seed: int, tasks: Path, warm: Path, out: Path, serve_args: str) -> tuple[int, int, int]:
+    """``aitlrt/train.py`` on the training tasks from the warm start; (updates, skipped, zero-gradient updates)."""
+    cmd = [
+        sys.executable,
+        str(ROOT / "aitlrt" / "train.py"),
+        "--config",
+        str(CONFIG),
+        "--tasks",
+        str(tasks),
+        "--heldout_share",
+        "0",
+        "--warm_start",
+        "none",
+        "--model_name_or_path",
+        str(warm),
+        "--seed",
+        str(seed),
+        "--output_dir",
+        str(out),
+        "--save_strategy",
+        "no",
+        "--serve_args",
+        f"{serve_args} --seed {seed}",
+    ]
+    print(f"[bench] seed {seed}: GRPO -> {out} (log {out}.log)", flush=True)
+    with open(f"{out}.log", "w") as log:
+        done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ})
+    if done.returncode:
+        raise SystemExit(f"[bench] the GRPO run of seed {seed} failed ({done.returncode}): see {out}.log")
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [s for s in steps if "sampling/skipped_update" in s]
+    skipped = sum(s["sampling/skipped_update"] > 0 for s in steps)
+    zero = sum(s["sampling/skipped_update"] == 0 and not s.get("grad_norm") for s in steps)
+    return len(steps) - skipped, skipped, zero
+
+
+def main() -> None:
+    from trl import ModelConfig, TrlParser
+
+    from aitlrt.common.logs import setup_logging
+    from aitlrt.common.model import resolve_model
+    from aitlrt.evaluation.checkpoints import evaluate, write_results
+    from aitlrt.evaluation.heldout import prepare_rows
+    from aitlrt.evaluation.scoring import reward_funcs, summarise
+    from aitlrt.rollout.batch import RolloutSettings
+    from aitlrt.tasks.split import split_heldout
+    from aitlrt.tasks.task import task_from_row
+    from aitlrt.training.config import AgentGRPOConfig, AgentScriptArguments
+    from aitlrt.training.dataset import load_task_rows
+    from aitlrt.warmstart.recipe import warm_start
+
+    setup_logging()
+    started = time.monotonic()
+    parser = TrlParser((AgentScriptArguments, AgentGRPOConfig, ModelConfig))  # type: ignore[arg-type]
+    script, config, model_args = parser.parse_args_and_config(["--config", str(CONFIG), "--output_dir", "/tmp/x"])
+    out = ROOT / "runs" / "bench_learning" / time.strftime("%Y%m%d-%H%M%S")
+    print(f"[bench] everything goes to {out}", flush=True)
+    rows = load_task_rows(script)
+    train, heldout = split_heldout(rows, script.heldout_share, script.heldout_files, script.heldout_seed)
+    write_rows(out / "tasks" / "train.jsonl", train)
+    write_rows(out / "tasks" / "heldout.jsonl", heldout)
+    print(f"[bench] {len(train)} training tasks, {len(heldout)} held-out tasks", flush=True)
+    settings = RolloutSettings(
+        agent=config.agent,
+        edit_format=config.edit_format,
+        concurrency=config.rollout_concurrency,
+        timeout_s=config.rollout_timeout_s,
+        max_calls=config.rollout_max_calls,
+        context_window=config.context_window,
+    )
+    base = resolve_model(model_args.model_name_or_path or "bundled")
+    t0 = time.monotonic()
+    warm = warm_start(
+        script.warm_start, [task_from_row(r) for r in train], base, settings, shlex.split(script.warm_start_args)
+    )
+    print(f"[bench] warm start {warm} ({time.monotonic() - t0:.0f} s)", flush=True)
+    names = list(script.rewards)
+    weights = dict(zip(names, config.reward_weights or [1.0] * len(names), strict=True))
+    funcs = reward_funcs(names)
+    prepared = prepare_rows(heldout)
+    eval_settings = RolloutSettings(**{**settings.__dict__, "n": script.heldout_rollouts})
+    results: dict[int, list[dict[str, float]]] = {}
+    updates: dict[int, tuple[int, int, int]] = {}
+    for seed in SEEDS:
+        run = out / f"seed{seed}"
+        run.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        updates[seed] = grpo(seed, out / "tasks" / "train.jsonl", warm, run / "grpo", script.serve_args)
+        print(f"[bench] seed {seed}: GRPO done in {time.monotonic() - t0:.0f} s", flush=True)
+        evaluated = evaluate(
+            [base, str(warm), str(run / "grpo")],
+            prepared,
+            eval_settings,
+            funcs,
+            serve_dir=run / "eval-serve",
+            max_tokens=config.max_completion_length or 256,
+            temperature=config.temperature,
+            top_p=config.top_p,
+            serve_args=[*shlex.split(script.serve_args), "--seed", str(seed)],
+        )
+        for label, result in zip(LABELS, evaluated, strict=True):
+            result.label = label
+            result.summary = summarise(result.batch, result.rewards, weights)
+        write_results(evaluated, run / "heldout", weights=weights)
+        results[seed] = [r.summary for r in evaluated]
+        print(f"[bench] seed {seed}: held-out evaluation in {run / 'heldout'}", flush=True)
+    report(results, updates, out, (time.monotonic() - started) / 60)
+
+
+def report(
+    results: dict[int, list[dict[str, float]]], updates: dict[int, tuple[int, int, int]], out: Path, minutes: float
+) -> None:
+    header = f"{'seed':<6}{'checkpoint':<20}" + "".join(f"{name:>9}" for name, _ in COLUMNS)
+    print("\n" + header + f"{'updates':>9}{'skipped':>9}")
+    for seed, summaries in results.items():
+        for label, summary in zip(LABELS, summaries, strict=True):
+            extra = f"{updates[seed][0]:>9}{updates[seed][1]:>9}" if label == LABELS[2] else ""
+            print(f"{seed:<6}{label:<20}" + "".join(f"{summary[key]:>9.3f}" for _, key in COLUMNS) + extra)
+    for i, label in enumerate(LABELS):
+        means = [statistics.fmean(results[s][i][key] for s in results) for _, key in COLUMNS]
+        print(f"{'mean':<6}{label:<20}" + "".join(f"{m:>9.3f}" for m in means))
+    gains = [results[s][2]["reward"] - results[s][1]["reward"] for s in results]
+    edit = statistics.fmean(results[s][2]["edit_rate"] for s in results)
+    zero = sum(u[2] for u in updates.values())
+    print(f"\nper-seed held-out reward gain of GRPO over the warm start: {', '.join(f'{g:+.3f}' for g in gains)}")
+    print(f"checkpoints and task splits: {out}")
+    gain_ok = all(g > 0 for g in gains) and statistics.fmean(gains) >= 0.05
+    print(
+        f"TARGET heldout_reward_gain_rl {statistics.fmean(gains):+.3f} >0_all_seeds_and_>=+0.05 "
+        f"{'PASS' if gain_ok else 'MISS'}"
+    )
+    print(f"TARGET heldout_edit_rate {edit:.3f} >=0.5 {'PASS' if edit >= 0.5 else 'MISS'}")
+    print(f"TARGET zero_loss_updates {zero} 0 {'PASS' if zero == 0 else 'MISS'}")
+    print(f"TARGET bench_minutes {minutes:.1f} <=60 {'PASS' if minutes <= 60 else 'MISS'}")
+
+
+if __name__ == "__main__":
+    main()
