@@ -17,6 +17,10 @@ def main(argv: list[str] | None = None) -> None:
 
         train_main(argv[1:])
         return
+    if argv[:1] == ["sft"]:  # trl's TrlParser parses the rest, as for train
+        from aitlrt.cli.sft import main as sft_main
+
+        sys.exit(sft_main(argv[1:]))
 
     from aitlrt.cli import demo as demo_cli
     from aitlrt.cli import eval as eval_cli
@@ -64,8 +68,6 @@ def main(argv: list[str] | None = None) -> None:
         eval_cli.run(args)
     elif args.verb == "trajectories":
         sys.exit(trajectories_cli.run(args))
-    elif args.verb == "sft":
-        sys.exit(sft_cli.run(args))
     elif args.verb == "report":
         from aitlrt.report.html import write_run_report
 

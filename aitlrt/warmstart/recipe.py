@@ -45,11 +45,9 @@ def cache_key(source: str, tasks: Sequence[Task], model: str, settings: RolloutS
 
 def sft_from_flags(data: Path, model: str, output_dir: Path, flags: Sequence[str]) -> None:
     """``aitlrt sft --data DATA --model_name_or_path MODEL --output_dir OUT FLAGS...``, in this process."""
-    from trl import ModelConfig, TrlParser
+    from aitlrt.warmstart.sft import sft_parser, train_sft
 
-    from aitlrt.warmstart.sft import SftScriptArguments, WarmStartSFTConfig, train_sft
-
-    parser = TrlParser((SftScriptArguments, WarmStartSFTConfig, ModelConfig))  # type: ignore[arg-type]
+    parser = sft_parser()
     argv = ["--data", str(data), "--model_name_or_path", model, "--output_dir", str(output_dir), *flags]
     script, config, model_args = parser.parse_args_and_config(argv)
     train_sft(script, config, model_args)

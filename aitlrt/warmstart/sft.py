@@ -1,0 +1,347 @@
+"""Supervised fine-tuning on successful agent trajectories (``aitlrt sft``): trl's ``SFTTrainer`` on the model calls
+that ``aitlrt trajectories`` wrote, one JSON line per call in trl's conversational prompt-completion form.
+
+The loss covers the completion only (trl's ``completion_only_loss``, on by default for prompt-completion rows): the
+applied answer and its end-of-turn token, never the prompt. The prompt is what the agent sent, Aider's few-shot
+assistant turns and earlier answers included; ``assistant_only_loss`` would train on those too (and needs a chat
+template with ``{% generation %}`` markers, which SmolLM2's lacks). LoRA adapters are merged, so the output folder
+is always a full model (safetensors, base dtype) plus tokenizer, which vLLM serves and ``aitlrt/train.py`` starts from.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+from transformers import TrainerCallback
+from trl import ModelConfig, SFTConfig, TrlParser
+
+if TYPE_CHECKING:
+    from peft import PeftConfig
+    from transformers import (
+        BatchEncoding,
+        PretrainedConfig,
+        PreTrainedModel,
+        PreTrainedTokenizerBase,
+        TrainerControl,
+        TrainerState,
+        TrainingArguments,
+    )
+    from trl import SFTTrainer
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "sft_metrics.jsonl"
+RESULT_FILE = "sft_result.json"
+ROLES = ("system", "user", "assistant")
+
+
+class SftDataError(ValueError):
+    """The trajectory file cannot be trained on; the message names the file and line."""
+
+
+@dataclass
+class SftScriptArguments:
+    data: str = field(
+        metadata={"help": "JSONL of `aitlrt trajectories`: one model call per line, trl's prompt-completion form"}
+    )
+
+
+@dataclass
+class WarmStartSFTConfig(SFTConfig):
+    """trl's ``SFTConfig`` with defaults for fine-tuning a small model on long agent prompts, CPU included.
+
+    Differences from trl: ``gradient_checkpointing`` off (it costs an extra forward; a small model needs no memory
+    saving), ``max_length`` 4096 (Aider prompts of ~2k tokens plus whole-file answers; a longer row is dropped and
+    counted, not truncated: trl keeps the start, so the completion would be cut), batches of 1 row with 8
+    accumulation steps (rows differ a lot in length: no padding), loss logged every step, nothing saved but the final
+    model. Without CUDA: ``use_cpu`` and fp32 instead of trl's bf16 autocast (exact, and fast on any CPU; ``bf16``
+    true is faster on CPUs with AMX).
+    """
+
+    output_dir: str | None = field(default="runs/sft", metadata={"help": "the fine-tuned full model goes here"})
+    gradient_checkpointing: bool = field(
+        default=False, metadata={"help": "recompute activations in the backward pass (off: a small model needs none)"}
+    )
+    max_length: int | None = field(
+        default=4096,
+        metadata={
+            "help": "tokens per row (prompt + completion); with truncation_mode keep_start (default) longer rows are "
+            "dropped and counted, as trl's truncation would cut their completion"
+        },
+    )
+    per_device_train_batch_size: int = field(default=1, metadata={"help": "rows per forward pass"})
+    gradient_accumulation_steps: int = field(default=8, metadata={"help": "forward passes per optimizer step"})
+    logging_steps: float = field(default=1, metadata={"help": "log (loss, tokens, lr) every N optimizer steps"})
+    save_strategy: str = field(default="no", metadata={"help": "intermediate checkpoints: no, steps or epoch"})
+
+    def __post_init__(self) -> None:
+        if not torch.cuda.is_available():
+            self.use_cpu = True
+            if self.bf16 is None:
+                self.bf16 = False  # trl's default bf16 autocast: slow on CPUs without native bf16
+        super().__post_init__()
+
+
+@dataclass
+class SftResult:
+    """What one fine-tuning run did; also written to ``OUTPUT/sft_result.json``."""
+
+    output_dir: Path
+    rows: int
+    dropped_too_long: int
+    steps: int
+    losses: list[float]
+    train_loss: float
+    tokens: int  # prompt + completion tokens through the model (trl's num_tokens)
+    seconds: float
+    tokens_per_s: float
+    lora: bool
+
+    def as_json(self) -> dict[str, Any]:
+        return {**asdict(self), "output_dir": str(self.output_dir)}
+
+
+def load_sft_rows(path: str | Path) -> list[dict[str, list[dict[str, str]]]]:
+    """The rows of a trajectory file as ``{"prompt": messages, "completion": [assistant message]}`` (messages reduced
+    to role and content; other columns dropped); ``SftDataError`` naming the line for anything else."""
+    path = Path(path)
+    if not path.is_file():
+        raise SftDataError(f"{path}: no such file")
+    rows = []
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if line.strip():
+                rows.append(_parse_row(line, f"{path} line {number}"))
+    if not rows:
+        raise SftDataError(f"{path}: no rows (an empty file); write it with `aitlrt trajectories`")
+    return rows
+
+
+def _parse_row(line: str, where: str) -> dict[str, list[dict[str, str]]]:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise SftDataError(f"{where}: not JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(row, dict):
+        raise SftDataError(f"{where}: a JSON object with 'prompt' and 'completion' expected")
+    prompt = _messages(row.get("prompt"), where, "prompt")
+    if not prompt:
+        raise SftDataError(f"{where}: 'prompt' is empty")
+    completion = _messages(row.get("completion"), where, "completion")
+    if len(completion) != 1 or completion[0]["role"] != "assistant" or not completion[0]["content"].strip():
+        raise SftDataError(f"{where}: no assistant completion ('completion' must be one non-empty assistant message)")
+    return {"prompt": prompt, "completion": completion}
+
+
+def _messages(value: object, where: str, key: str) -> list[dict[str, str]]:
+    if not isinstance(value, list):
+        raise SftDataError(f"{where}: '{key}' must be a list of chat messages, got {type(value).__name__}")
+    out = []
+    for k, message in enumerate(value):
+        if (
+            not isinstance(message, dict)
+            or message.get("role") not in ROLES
+            or not isinstance(message.get("content"), str)
+        ):
+            raise SftDataError(
+                f"{where}: '{key}' message {k} must have a role in {ROLES} and string content, got {message!r:.120}"
+            )
+        out.append({"role": message["role"], "content": message["content"]})
+    return out
+
+
+def row_tokens(row: dict[str, list[dict[str, str]]], tokenizer: PreTrainedTokenizerBase) -> int:
+    """Tokens of prompt + completion under the chat template, as ``SFTTrainer`` tokenizes the row."""
+    encoded = tokenizer.apply_chat_template(row["prompt"] + row["completion"], tokenize=True, return_dict=True)
+    return len(cast("BatchEncoding", encoded)["input_ids"])
+
+
+def fitting_rows(
+    rows: list[dict[str, list[dict[str, str]]]], tokenizer: PreTrainedTokenizerBase, max_length: int
+) -> tuple[list[dict[str, list[dict[str, str]]]], int]:
+    """The rows of at most ``max_length`` tokens and how many were longer (logged): trl truncates the end of a row,
+    which is its completion; ``SftDataError`` when none fits."""
+    kept = [row for row in rows if row_tokens(row, tokenizer) <= max_length]
+    dropped = len(rows) - len(kept)
+    if not kept:
+        raise SftDataError(f"every one of the {len(rows)} rows is longer than max_length {max_length} tokens")
+    if dropped:
+        log.warning(
+            "%d of %d rows are longer than max_length %d tokens: dropped (truncation would cut their completion)",
+            dropped,
+            len(rows),
+            max_length,
+        )
+    return kept, dropped
+
+
+def sft_trainer(
+    rows: list[dict[str, list[dict[str, str]]]],
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    config: SFTConfig,
+    peft_config: PeftConfig | None = None,
+) -> SFTTrainer:
+    """trl's ``SFTTrainer`` on prompt-completion ``rows``, with the completion-only loss (refusing settings that
+    would train on the prompt)."""
+    from datasets import Dataset
+    from trl import SFTTrainer
+
+    if config.assistant_only_loss or config.completion_only_loss is False:
+        raise ValueError(
+            "aitlrt sft trains on the applied answer only (completion_only_loss): the prompt holds the agent's "
+            "few-shot and earlier assistant turns, which assistant_only_loss or a full-sequence loss would train on"
+        )
+    return SFTTrainer(
+        model=model,
+        args=config,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+        peft_config=peft_config,
+    )
+
+
+class MetricsFile(TrainerCallback):
+    """Appends every log entry (loss, learning rate, cumulative tokens, ...) with its step and elapsed seconds to a
+    JSONL file as training goes; keeps the last token count and when it was reached."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.started = time.monotonic()
+        self.tokens = 0
+        self.tokens_at_s = 0.0
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+        self.started = time.monotonic()
+        if state.is_world_process_zero:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text("")
+            log.info("%d optimizer steps; metrics: %s", state.max_steps, self.path)
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, float] | None = None,
+        **kw: Any,
+    ) -> None:
+        elapsed = time.monotonic() - self.started
+        if logs and "num_tokens" in logs:
+            self.tokens, self.tokens_at_s = int(logs["num_tokens"]), elapsed
+        if state.is_world_process_zero and logs:
+            with self.path.open("a") as out:
+                out.write(json.dumps({"step": state.global_step, "elapsed_s": round(elapsed, 3), **logs}) + "\n")
+
+
+def train_sft(script: SftScriptArguments, config: SFTConfig, model_args: ModelConfig) -> SftResult:
+    """Fine-tune ``model_args.model_name_or_path`` (``bundled``: the bundled model) on ``script.data`` with
+    ``config``; LoRA with ``model_args.use_peft`` (merged at the end); write the full model to ``config.output_dir``.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from trl import get_peft_config
+
+    from aitlrt.common.model import resolve_model
+
+    rows = load_sft_rows(script.data)
+    model_path = resolve_model(model_args.model_name_or_path or "bundled")
+    out_dir = Path(config.output_dir or "runs/sft")
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    kept, dropped = rows, 0
+    if config.max_length is not None and config.truncation_mode == "keep_start":
+        kept, dropped = fitting_rows(rows, tokenizer, config.max_length)
+    dtype = model_args.dtype if model_args.dtype in (None, "auto") else getattr(torch, model_args.dtype)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype or "auto")
+    base_config = AutoConfig.from_pretrained(model_path)
+    peft_config = get_peft_config(model_args)
+    trainer = sft_trainer(kept, model, tokenizer, config, peft_config)
+    _refuse_sharded(trainer)
+    metrics = MetricsFile(out_dir / METRICS_FILE)
+    trainer.add_callback(metrics)
+    lora = peft_config is not None
+    log.info(
+        "fine-tuning %s (%s) on %d rows of %s",
+        model_path,
+        f"LoRA r={model_args.lora_r}, merged at the end" if lora else "all weights",
+        len(kept),
+        script.data,
+    )
+    output = trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
+    history = trainer.state.log_history
+    losses = [entry["loss"] for entry in history if "loss" in entry]
+    if not all(math.isfinite(loss) for loss in losses):
+        raise FloatingPointError(f"aitlrt sft: non-finite training loss {losses}; nothing saved")
+    _save_full_model(trainer, tokenizer, out_dir, base_config)
+    result = SftResult(
+        output_dir=out_dir,
+        rows=len(kept),
+        dropped_too_long=dropped,
+        steps=trainer.state.global_step,
+        losses=losses,
+        train_loss=output.training_loss,
+        tokens=metrics.tokens,
+        seconds=output.metrics["train_runtime"],
+        tokens_per_s=metrics.tokens / metrics.tokens_at_s if metrics.tokens_at_s > 0 else 0.0,
+        lora=lora,
+    )
+    if trainer.accelerator.is_main_process:
+        (out_dir / RESULT_FILE).write_text(json.dumps(result.as_json(), indent=1) + "\n")
+    return result
+
+
+def _refuse_sharded(trainer: SFTTrainer) -> None:
+    plugin = trainer.accelerator.state.deepspeed_plugin if trainer.is_deepspeed_enabled else None
+    if trainer.is_fsdp_enabled or (plugin is not None and plugin.zero_stage == 3):
+        raise ValueError(
+            "aitlrt sft writes the merged full model from the main process's copy of the weights, which FSDP and "
+            "ZeRO-3 shard: run it on one process, DDP or ZeRO-1/2"
+        )
+
+
+def _save_full_model(
+    trainer: SFTTrainer, tokenizer: PreTrainedTokenizerBase, out_dir: Path, base_config: PretrainedConfig
+) -> None:
+    """The trained model, LoRA merged, in the base checkpoint's dtype and with its ``use_cache`` (the Trainer turns
+    it off), plus tokenizer: a folder vLLM serves and transformers generates from."""
+    from peft import PeftModel
+
+    trainer.accelerator.wait_for_everyone()
+    if not trainer.accelerator.is_main_process:
+        return
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    if isinstance(model, PeftModel):
+        model = model.merge_and_unload()
+    if base_config.dtype is not None:
+        model.to(base_config.dtype)
+    model.config.use_cache = base_config.use_cache
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    log.info("full model written to %s", out_dir)
+
+
+def sft_parser(**kwargs: Any) -> TrlParser:
+    """trl's ``TrlParser`` of ``aitlrt sft``: ``SftScriptArguments``, ``WarmStartSFTConfig`` and ``ModelConfig``
+    (``kwargs``: ``argparse.ArgumentParser``'s); ``.parse_args_and_config(argv)`` gives the three."""
+    return TrlParser((SftScriptArguments, WarmStartSFTConfig, ModelConfig), **kwargs)  # type: ignore[arg-type]
+
+
+def run_sft(data: str | Path, model: str, output_dir: str | Path, **overrides: Any) -> SftResult:
+    """``aitlrt sft`` without the command line: ``overrides`` are any ``WarmStartSFTConfig`` or trl ``ModelConfig``
+    field (``max_steps=4``, ``use_peft=True``, ``lora_r=8``, ``learning_rate=1e-4``, ...)."""
+    model_fields = {f.name for f in fields(ModelConfig)}
+    config_fields = {f.name for f in fields(WarmStartSFTConfig)}
+    unknown = set(overrides) - model_fields - config_fields
+    if unknown:
+        raise TypeError(f"run_sft: unknown settings {sorted(unknown)}")
+    model_args = ModelConfig(model_name_or_path=model, **{k: v for k, v in overrides.items() if k in model_fields})
+    config = WarmStartSFTConfig(
+        output_dir=str(output_dir), **{k: v for k, v in overrides.items() if k in config_fields}
+    )
+    return train_sft(SftScriptArguments(data=str(data)), config, model_args)

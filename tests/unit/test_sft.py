@@ -1,0 +1,188 @@
+"""``aitlrt sft`` without training: the loss mask of SFTTrainer's own dataset preparation on a real Aider-shaped row
+(the bundled tokenizer, a tiny random Llama), long rows dropped instead of losing their completion, the trajectory
+file's refusals, and the CPU defaults."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from trl import ModelConfig
+
+from aitlrt.cli.sft import main as sft_main
+from aitlrt.warmstart.sft import (
+    SftDataError,
+    SftScriptArguments,
+    WarmStartSFTConfig,
+    fitting_rows,
+    load_sft_rows,
+    row_tokens,
+    run_sft,
+    sft_parser,
+    sft_trainer,
+)
+
+SYSTEM = "Act as an expert software developer.\nEvery *SEARCH/REPLACE block* must use this format: ..."
+ANSWER = (
+    "mathy.py\n```python\n<<<<<<< SEARCH\ndef triple(x):\n    return x + 3\n=======\n"
+    "def triple(x):\n    return x * 3\n>>>>>>> REPLACE\n```"
+)
+
+
+def line(user: str = "mathy.py\n```\ndef triple(x):\n    return x + 3\n```\nFix triple.", answer: str = ANSWER) -> dict:
+    """One row as `aitlrt trajectories` writes it; the prompt holds one of Aider's few-shot assistant turns."""
+    return {
+        "prompt": [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "Change the greeting to be more casual"},
+            {"role": "assistant", "content": "Ok, I will change it."},
+            {"role": "user", "content": user},
+        ],
+        "completion": [{"role": "assistant", "content": answer}],
+        "instance_id": "mathy-1",
+        "rollout_id": "r-0",
+        "call_index": 0,
+        "reward": 1.0,
+        "teacher": "oracle",
+        "edit_format": "diff",
+    }
+
+
+def write(path: Path, *rows: dict | str) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def tiny_model(vocab_size: int) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+    )
+    return LlamaForCausalLM(config)
+
+
+def test_loss_only_on_the_assistant_answer_and_its_end_of_turn(tokenizer, tmp_path):
+    rows = load_sft_rows(write(tmp_path / "t.jsonl", line()))
+    trainer = sft_trainer(rows, tiny_model(len(tokenizer)), tokenizer, WarmStartSFTConfig(output_dir=str(tmp_path)))
+    example = trainer.train_dataset[0]
+    ids, labels = example["input_ids"], example["labels"]
+    prompt = rows[0]["prompt"]
+    prompt_ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)
+    full_ids = tokenizer.apply_chat_template(prompt + rows[0]["completion"], tokenize=True, return_dict=True)
+    start = len(prompt_ids["input_ids"])
+
+    assert ids == full_ids["input_ids"]  # the whole row, nothing cut
+    assert ids[:start] == prompt_ids["input_ids"]
+    assert set(labels[:start]) == {-100}  # no loss on the prompt, the few-shot assistant turn included
+    assert labels[start:] == ids[start:]
+    trained = tokenizer.decode(labels[start:])
+    assert trained == ANSWER + "<|im_end|>\n"  # the answer, the end-of-turn token, the template's newline after it
+    assert tokenizer.decode(ids[:start]).endswith("Fix triple.<|im_end|>\n<|im_start|>assistant\n")
+    assert ids.count(tokenizer.convert_tokens_to_ids("<|im_end|>")) == 5  # 4 prompt turns + the answer's
+
+
+@pytest.mark.parametrize("setting", [{"assistant_only_loss": True}, {"completion_only_loss": False}])
+def test_settings_that_would_train_on_the_prompt_are_refused(tokenizer, tmp_path, setting):
+    rows = load_sft_rows(write(tmp_path / "t.jsonl", line()))
+    config = WarmStartSFTConfig(output_dir=str(tmp_path), **setting)
+    with pytest.raises(ValueError, match="applied answer only"):
+        sft_trainer(rows, tiny_model(len(tokenizer)), tokenizer, config)
+
+
+def test_longer_rows_are_dropped_and_counted_and_the_rest_keep_their_completion(tokenizer, tmp_path):
+    short, long = line(), line(user="mathy.py\n```\n" + "x = 1\n" * 200 + "```\nFix triple.")
+    rows = load_sft_rows(write(tmp_path / "t.jsonl", long, short, long))
+    limit = row_tokens(rows[1], tokenizer)
+    assert row_tokens(rows[0], tokenizer) > limit
+
+    kept, dropped = fitting_rows(rows, tokenizer, limit)
+    assert (kept, dropped) == ([rows[1]], 2)
+    config = WarmStartSFTConfig(output_dir=str(tmp_path), max_length=limit)
+    example = sft_trainer(kept, tiny_model(len(tokenizer)), tokenizer, config).train_dataset[0]
+    assert len(example["input_ids"]) == limit
+    assert tokenizer.decode([t for t in example["labels"] if t != -100]) == ANSWER + "<|im_end|>\n"
+    with pytest.raises(SftDataError, match="every one of the 3 rows is longer than max_length"):
+        fitting_rows(rows, tokenizer, limit - 1)
+
+
+def test_rows_keep_role_and_content_only(tmp_path):
+    row = line()
+    row["prompt"][0]["name"] = "aider"
+    (loaded,) = load_sft_rows(write(tmp_path / "t.jsonl", row, "  "))
+    assert set(loaded) == {"prompt", "completion"}
+    assert loaded["prompt"][0] == {"role": "system", "content": SYSTEM}
+    assert loaded["completion"] == [{"role": "assistant", "content": ANSWER}]
+
+
+def _without_completion() -> dict:
+    row = line()
+    del row["completion"]
+    return row
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        ((), "no rows"),
+        (("", "   "), "no rows"),
+        ((line(), '{"prompt": [}'), "line 2: not JSON"),
+        ((line(), line(), "[1, 2]"), "line 3: a JSON object"),
+        ((_without_completion(),), "line 1: 'completion' must be a list"),
+        (({**line(), "completion": []},), "line 1: no assistant completion"),
+        (({**line(), "completion": [{"role": "user", "content": "hi"}]},), "line 1: no assistant completion"),
+        (({**line(), "completion": [{"role": "assistant", "content": " \n"}]},), "line 1: no assistant completion"),
+        (({**line(), "prompt": []},), "line 1: 'prompt' is empty"),
+        (({**line(), "prompt": [{"role": "user", "content": None}]},), "line 1: 'prompt' message 0 must have"),
+        (({**line(), "prompt": [{"role": "tool", "content": "x"}]},), "line 1: 'prompt' message 0 must have"),
+    ],
+)
+def test_unusable_files_are_refused_naming_the_line(tmp_path, lines, message):
+    path = write(tmp_path / "t.jsonl", *lines) if lines else tmp_path / "t.jsonl"
+    if not lines:
+        path.write_text("")
+    with pytest.raises(SftDataError, match=message):
+        load_sft_rows(path)
+
+
+def test_the_cli_refuses_a_malformed_file_before_loading_any_model(tmp_path):
+    data = write(tmp_path / "t.jsonl", line(), "not json")
+    with pytest.raises(SystemExit, match=r"aitlrt sft: .*t\.jsonl line 2: not JSON"):
+        sft_main(["--data", str(data), "--model_name_or_path", str(tmp_path / "no-model")])
+    with pytest.raises(SystemExit, match="no such file"):
+        sft_main(["--data", str(tmp_path / "missing.jsonl")])
+
+
+def _parse(*argv: str) -> tuple[SftScriptArguments, WarmStartSFTConfig, ModelConfig]:
+    return sft_parser().parse_args_and_config(["--data", "t.jsonl", *argv])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU defaults")
+def test_cpu_defaults_and_flags_override_them(tmp_path):
+    _, config, model_args = _parse()
+    assert (config.use_cpu, config.bf16, config.gradient_checkpointing) == (True, False, False)
+    assert (config.max_length, config.truncation_mode, config.completion_only_loss) == (4096, "keep_start", None)
+    assert (config.save_strategy, config.report_to, config.logging_steps) == ("no", [], 1)
+    assert (config.per_device_train_batch_size, config.gradient_accumulation_steps) == (1, 8)
+    assert (model_args.dtype, model_args.use_peft) == ("float32", False)
+
+    flags = ["--gradient_checkpointing", "true", "--max_length", "8192", "--save_strategy", "steps"]
+    yaml = tmp_path / "c.yaml"
+    yaml.write_text("use_peft: true\nlora_r: 8\nlogging_steps: 5\nreport_to: wandb\n")
+    _, config, model_args = _parse(*flags, "--config", str(yaml), "--lora_r", "4")
+    assert (config.gradient_checkpointing, config.max_length, config.save_strategy) == (True, 8192, "steps")
+    assert (config.logging_steps, config.report_to) == (5, ["wandb"])
+    assert (model_args.use_peft, model_args.lora_r) == (True, 4)
+
+
+def test_run_sft_refuses_unknown_settings(tmp_path):
+    with pytest.raises(TypeError, match="unknown settings \\['lora_rank'\\]"):
+        run_sft(tmp_path / "t.jsonl", "bundled", tmp_path / "out", lora_rank=8)
