@@ -6,8 +6,9 @@ import json
 import subprocess
 import sys
 
+from aitlrt.common.git import git
+from aitlrt.common.workspace import workspace
 from aitlrt.tasks.generate import library_files
-from aitlrt.tasks.patches import reverse
 from aitlrt.tasks.sources import materialise, parse_source
 
 SOURCE = "pypi:cachetools==8.0.1"
@@ -27,7 +28,15 @@ def test_generated_tasks_are_valid_bug_fix_tasks(tmp_path):
     repo, base = materialise(parse_source(SOURCE))
     library = set(library_files(repo, base))
     for row in rows:
-        assert row["source"] == SOURCE and row["patch"] == reverse(row["setup_patch"])
+        assert row["source"] == SOURCE
+        # The oracle is git's own diff from the bug back to the source: what an agent's exact fix gives.
+        with workspace(repo, base) as ws:
+            touched_file = row["files"][0]
+            original = (ws.repo / touched_file).read_text()
+            git("apply", "-", cwd=ws.repo, input=row["setup_patch"])
+            git("add", "-A", cwd=ws.repo)
+            (ws.repo / touched_file).write_text(original)
+            assert git("diff", cwd=ws.repo) == row["patch"]
         assert row["FAIL_TO_PASS"] and row["PASS_TO_PASS"]
         assert not set(row["FAIL_TO_PASS"]) & set(row["PASS_TO_PASS"])
         touched = row["setup_patch"].split("\n", 1)[0].split(" b/")[-1]
