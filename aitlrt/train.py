@@ -171,7 +171,7 @@ def run(
                 finish_heldout(
                     evaluations, out_dir, dict(zip(script.rewards, reward_weights(script, config), strict=True))
                 )
-            log.info("report: %s", write_run_report(out_dir))
+            write_run_report(out_dir)  # logs its path
         return trainer
 
 
