@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 
 from aitlrt.rollout.batch import RolloutSettings
 from aitlrt.tasks.loader import load_tasks
-from aitlrt.tasks.patches import similarity
+from aitlrt.tasks.patches import reverse, similarity
 from aitlrt.tasks.task import Task
 from aitlrt.training.dataset import generated_tasks
 from aitlrt.warmstart.oracle_server import fix_patch, oracle_task, serve_in_thread
@@ -41,18 +41,20 @@ def cachetools_file() -> Path:
     return generated_tasks("pypi:cachetools==8.0.1", 4, 200)
 
 
-def _moved_lines(tasks: list[Task], strategy: str) -> Task:
-    """The first task of a mutation ``strategy``, preferring one whose patch (the mutation's diff reversed) is not
-    the diff git writes of its fix: the lines it moves are aligned the other way."""
-    of_kind = [t for t in tasks if t.row.get("strategy") == strategy]
-    return min(of_kind, key=lambda t: similarity(fix_patch(oracle_task(t)), t.patch) == 1.0)
+def _moved_lines(tasks: list[Task], strategy: str, taken: list[Task]) -> Task:
+    """A task of a mutation ``strategy`` not among ``taken``, preferring one whose bug moves lines: its diff
+    reversed is not the diff git writes of the fix (the lines it moves are aligned the other way)."""
+    ids = {t.instance_id for t in taken}
+    of_kind = [t for t in tasks if t.row.get("strategy") == strategy and t.instance_id not in ids]
+    return min(of_kind, key=lambda t: similarity(reverse(t.setup_patch), fix_patch(oracle_task(t))) == 1.0)
 
 
 @pytest.fixture(scope="module")
 def tasks(cachetools_file: Path, data_dir: Path):
     cachetools = load_tasks(cachetools_file, limit=4).tasks
     max110 = load_tasks(generated_tasks("pypi:cachetools==8.0.1", 31, 110)).tasks
-    cachetools += [_moved_lines(max110, "invert_if"), _moved_lines(max110, "shuffle_statements")]
+    cachetools += [_moved_lines(max110, "invert_if", cachetools)]
+    cachetools += [_moved_lines(max110, "shuffle_statements", cachetools)]
     webargs = load_tasks(data_dir / "swesmith_webargs" / "tasks.jsonl", ids=set(WEBARGS)).tasks
     assert len({t.instance_id for t in cachetools}) == 6 and all(t.files for t in cachetools)
     assert len(webargs) == 4 and not any(t.files for t in webargs)  # the oracle must ask for them
