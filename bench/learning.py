@@ -30,8 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 CONFIG = ROOT / "configs" / "cpu_demo.yaml"
-SEEDS = tuple(range(int(os.environ.get("AITLRT_BENCH_SEEDS", "3"))))
-"""3 seeds; ``AITLRT_BENCH_SEEDS=1`` for a partial run."""
+SEEDS = tuple(int(s) for s in os.environ.get("AITLRT_BENCH_SEEDS", "0,1,2").split(","))
+"""Seeds 0, 1, 2; ``AITLRT_BENCH_SEEDS=1`` (a comma-separated list) for a partial run."""
 LABELS = ("base", "warm start", "warm start + GRPO")
 COLUMNS = (("edit", "edit_rate"), ("simil.", "patch_similarity"), ("resolve", "tests_pass"), ("reward", "reward"))
 
