@@ -110,7 +110,7 @@ def run(
         log.info("%d training tasks, %d held out", len(rows), len(heldout))
     if script.warm_start != "none":
         with state.main_process_first():
-            model_path = warm_start_model(script, config, rows, model_path, out_dir)
+            model_path = warm_start_model(script, config, rows, model_path)
     server: contextlib.AbstractContextManager[ServeProcess | None] = contextlib.nullcontext()
     if script.serve == "managed":
         if state.num_processes > 1 and not config.proxy_url:
@@ -181,17 +181,8 @@ def heldout_evaluation(
     """The served policy on the held-out tasks, with the run's agent, sampling and rewards."""
     from aitlrt.evaluation.heldout import evaluate_served, prepare_rows
     from aitlrt.evaluation.scoring import reward_funcs
-    from aitlrt.rollout.batch import RolloutSettings
 
-    settings = RolloutSettings(
-        n=script.heldout_rollouts,
-        agent=config.agent,
-        edit_format=config.edit_format,
-        concurrency=config.rollout_concurrency,
-        timeout_s=config.rollout_timeout_s,
-        max_calls=config.rollout_max_calls,
-        context_window=config.context_window,
-    )
+    settings = config.rollout_settings(script.heldout_rollouts)
     weights = reward_weights(script, config)
     log.info("held-out evaluation (%s training): %d tasks x %d rollouts", label, len(rows), settings.n)
     return evaluate_served(
@@ -220,24 +211,16 @@ def finish_heldout(evaluations: list[CheckpointResult], out_dir: Path, weights: 
 
 
 def warm_start_model(
-    script: AgentScriptArguments, config: AgentGRPOConfig, rows: list[dict[str, Any]], model: str, out_dir: Path
+    script: AgentScriptArguments, config: AgentGRPOConfig, rows: list[dict[str, Any]], model: str
 ) -> str:
     """The warm-start checkpoint (``aitlrt.warmstart.recipe``) that RL starts from: fine-tuned on the oracle
     teacher's trajectories of the training tasks (cached), or on the given trajectories file."""
-    from aitlrt.rollout.batch import RolloutSettings
     from aitlrt.tasks.task import task_from_row
     from aitlrt.warmstart.recipe import warm_start
 
-    settings = RolloutSettings(
-        agent=config.agent,
-        edit_format=config.edit_format,
-        concurrency=config.rollout_concurrency,
-        timeout_s=config.rollout_timeout_s,
-        max_calls=config.rollout_max_calls,
-        context_window=config.context_window,
-    )
     tasks = [task_from_row(row) for row in rows]
-    return str(warm_start(script.warm_start, tasks, model, settings, shlex.split(script.warm_start_args)))
+    flags = shlex.split(script.warm_start_args)
+    return str(warm_start(script.warm_start, tasks, model, config.rollout_settings(), flags))
 
 
 if __name__ == "__main__":

@@ -85,7 +85,6 @@ def main() -> None:
     from aitlrt.evaluation.checkpoints import evaluate, write_results
     from aitlrt.evaluation.heldout import prepare_rows
     from aitlrt.evaluation.scoring import reward_funcs, summarise
-    from aitlrt.rollout.batch import RolloutSettings
     from aitlrt.tasks.split import split_heldout
     from aitlrt.tasks.task import task_from_row
     from aitlrt.training.config import AgentGRPOConfig, AgentScriptArguments
@@ -103,14 +102,7 @@ def main() -> None:
     write_rows(out / "tasks" / "train.jsonl", train)
     write_rows(out / "tasks" / "heldout.jsonl", heldout)
     print(f"[bench] {len(train)} training tasks, {len(heldout)} held-out tasks", flush=True)
-    settings = RolloutSettings(
-        agent=config.agent,
-        edit_format=config.edit_format,
-        concurrency=config.rollout_concurrency,
-        timeout_s=config.rollout_timeout_s,
-        max_calls=config.rollout_max_calls,
-        context_window=config.context_window,
-    )
+    settings = config.rollout_settings()
     base = resolve_model(model_args.model_name_or_path or "bundled")
     t0 = time.monotonic()
     warm = warm_start(
@@ -121,7 +113,7 @@ def main() -> None:
     weights = dict(zip(names, config.reward_weights or [1.0] * len(names), strict=True))
     funcs = reward_funcs(names)
     prepared = prepare_rows(heldout)
-    eval_settings = RolloutSettings(**{**settings.__dict__, "n": script.heldout_rollouts})
+    eval_settings = config.rollout_settings(script.heldout_rollouts)
     results: dict[int, list[dict[str, float]]] = {}
     updates: dict[int, tuple[int, int, int]] = {}
     for seed in SEEDS:

@@ -9,6 +9,7 @@ import torch
 from trl import GRPOConfig
 
 from aitlrt.common.resources import rollout_concurrency
+from aitlrt.rollout.batch import RolloutSettings
 
 IMPORTANCE_SAMPLING_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 ROW_NORMALISED_LOSSES = ("grpo", "sapo", "luspo", "dr_grpo")
@@ -172,6 +173,19 @@ class AgentGRPOConfig(GRPOConfig):
             raise ValueError("min_informative_groups must be >= 0 and max_sampling_rounds >= 1")
         if not 0.0 <= self.curriculum_failed_share <= 1.0:
             raise ValueError(f"curriculum_failed_share must be in [0, 1], got {self.curriculum_failed_share}")
+
+    def rollout_settings(self, n: int = 1) -> RolloutSettings:
+        """The run's agent settings for rollouts outside training (warm start, held-out evaluation), ``n`` per task."""
+        return RolloutSettings(
+            n=n,
+            agent=self.agent,
+            edit_format=self.edit_format,
+            concurrency=self.rollout_concurrency,
+            timeout_s=self.rollout_timeout_s,
+            max_calls=self.rollout_max_calls,
+            context_window=self.context_window,
+            recycle_workspaces=self.recycle_workspaces,
+        )
 
     def _refuse_unsupported(self) -> None:
         """Refuse the trl settings this trainer cannot honour, saying why and what to use instead."""
