@@ -8,11 +8,15 @@ advantages into per-token advantages on rows built from the exact recorded token
 every rank to the same row count (ZeRO-3 and trl's gathers need equal shapes; padding rows carry no loss), and hand
 trl's loss the batch it expects.
 
-Importance sampling: trl corrects for the sampler only when it runs vLLM itself, so ``_batch`` computes trl's
+Importance sampling: trl corrects for the sampler only when it runs vLLM itself, so AITLRT computes trl's
 ``vllm_importance_sampling_*`` ratio against the recorded sampler logprobs (a sequence-level ratio spans the whole
 rollout) and multiplies each token's advantage by it: trl multiplies the per-token loss by that ratio (>= 0), and
 every trl loss is positively homogeneous in the advantage, so the loss is trl's; ``vespo``, which folds the ratio
-into its own weight, gets it as trl's ``importance_sampling_ratio`` instead.
+into its own weight, gets it as trl's ``importance_sampling_ratio`` instead. On-policy (one optimizer step per
+generation) with a token-level mode, the ratio comes from the loss forward's own logprobs, detached (the policy at the
+start of the update is the one trl's ``old_per_token_logps`` would hold), so no separate no-grad forward runs; else
+``_batch`` runs that forward first, as trl does. The LM head sees only the scored positions
+(``aitlrt.training.logprobs``).
 
 A rollout weighs in the loss as one of trl's completions, however many rows it became and however many
 zero-loss padding rows its rank got (``_rollout_weights`` scales the rows' advantages):
@@ -50,7 +54,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import torch
-from accelerate.utils import DistributedType, gather, gather_object
+from accelerate.utils import DistributedType, gather, gather_object, is_peft_model
 from trl import GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import nanmax, nanmin, pad, use_adapter
@@ -63,6 +67,7 @@ from aitlrt.tasks.task import Task, task_from_row
 from aitlrt.training.advantages import rollout_advantages
 from aitlrt.training.config import ROW_NORMALISED_LOSSES, AgentGRPOConfig
 from aitlrt.training.curriculum import CurriculumSampler
+from aitlrt.training.logprobs import scored_positions_only
 from aitlrt.training.probe import check_sampling, make_weight_probe
 from aitlrt.training.rows import Row, RowStats, build_rows
 from aitlrt.training.weight_sync import make_weight_sync, proxy_request
@@ -186,6 +191,7 @@ class AgentGRPOTrainer(GRPOTrainer):
         self._prepared: Any = None
         self._weights_changed = False  # an update ran since the last sync
         self._curriculum: CurriculumSampler | None = None
+        self._fused_part: dict[str, Any] | None = None  # the micro-batch whose loss forward computes it
 
     # ---- the weight sync ---------------------------------------------------------------------------------------
     def sync_weights(self) -> float:
@@ -461,7 +467,9 @@ class AgentGRPOTrainer(GRPOTrainer):
             "sampling_per_token_logps": sampler,
             "num_items_in_batch": gather(loss_mask.sum()).sum(),
         }
-        old, ref = self._fixed_logps(prompt_ids, prompt_mask, completion_ids, completion_mask)
+        fused = mode == "train" and self._fuses_ratio()
+        out["fused_ratio"] = torch.tensor(fused)  # 0-d: kept whole by trl's split and shuffle
+        old, ref = self._fixed_logps(prompt_ids, prompt_mask, completion_ids, completion_mask, fused)
         gap = None
         if old is not None:
             out["old_per_token_logps"] = old
@@ -485,15 +493,14 @@ class AgentGRPOTrainer(GRPOTrainer):
         prompt_mask: torch.Tensor,
         completion_ids: torch.Tensor,
         completion_mask: torch.Tensor,
+        fused: bool,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Per-token logprobs without gradient, in ``max_tokens_per_forward`` micro-batches: the policy's
-        (``old_per_token_logps``) where trl computes them (importance sampling on, or generation not aligned with the
-        optimizer steps: else trl's PPO ratio is 1 by construction), and the reference's with ``beta != 0`` (the ref
-        model; under PEFT the base model, adapters disabled, or the adapter named ``ref``)."""
-        generate_every = cast(int, self.args.steps_per_generation) * self.num_iterations
-        needs_old = self.args.vllm_importance_sampling_correction or (
-            self.args.gradient_accumulation_steps % generate_every != 0
-        )
+        (``old_per_token_logps``) where trl computes them (importance sampling on and not ``fused`` into the loss
+        forward, or generation not aligned with the optimizer steps: else trl's PPO ratio is 1 by construction),
+        and the reference's with ``beta != 0`` (the ref model; under PEFT the base model, adapters disabled, or the
+        adapter named ``ref``)."""
+        needs_old = not self._on_policy() or (self.args.vllm_importance_sampling_correction and not fused)
         if not needs_old and self.beta == 0.0:
             return None, None
         batch = {
@@ -515,6 +522,51 @@ class AgentGRPOTrainer(GRPOTrainer):
                 with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
                     ref = self._logps(self.model, batch, groups, real)
         return old, ref
+
+    def _on_policy(self) -> bool:
+        """One optimizer step per generation: the policy at the start of the update is the one whose logprobs trl's
+        PPO ratio divides by (trl then uses the loss forward's own logprobs, detached)."""
+        generate_every = cast(int, self.args.steps_per_generation) * self.num_iterations
+        return self.args.gradient_accumulation_steps % generate_every == 0
+
+    def _fuses_ratio(self) -> bool:
+        """The importance-sampling ratio comes from the loss forward itself (no separate no-grad forward): on-policy,
+        and a token-level mode, whose ratio of a token needs only that token's logprobs."""
+        args = self.args
+        return (
+            args.vllm_importance_sampling_correction
+            and args.vllm_importance_sampling_mode.startswith("token")
+            and self._on_policy()
+        )
+
+    def _get_per_token_logps_and_entropies(
+        self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int, **kwargs: Any
+    ) -> Any:
+        """trl's, with the LM head run on the scored positions only (``scored_positions_only``); inside the loss of
+        a micro-batch whose ratio is fused (``_fused_part``), the ratio is computed from these logprobs (detached)
+        before trl's loss reads the batch's advantages."""
+        head = self.accelerator.unwrap_model(model)
+        head = head.get_base_model() if is_peft_model(head) else head  # the model trl patched
+        with scored_positions_only(head, logits_to_keep):
+            out = super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, **kwargs)
+        part, self._fused_part = self._fused_part, None
+        if part is not None:
+            self._apply_fused_ratio(part, out[0].detach())
+        return out
+
+    def _apply_fused_ratio(self, part: dict[str, Any], logps: torch.Tensor) -> None:
+        """Weigh ``part``'s advantages by the importance-sampling ratio of ``logps`` (the policy at the start of the
+        update) against the sampler's, as ``_batch`` does with a separate forward, and log the ratio and the
+        logprob gap of this pass (every rank logs each pass: the gathers match)."""
+        mask = part["completion_mask"] * part["tool_mask"] * part.pop("real")
+        diff = torch.nan_to_num((logps.float() - part["sampling_per_token_logps"]) * mask, nan=0.0)
+        ratio = self._importance_sampling_ratio(diff)
+        self._log_importance_sampling("train", ratio, mask)
+        self._log_gap("train", diff.abs(), mask)
+        if self.loss_type == "vespo":
+            part["importance_sampling_ratio"] = ratio
+        else:
+            part["advantages"] = part["advantages"] * ratio
 
     def _passes(self, batch: dict[str, Any]) -> tuple[list[list[int]], int]:
         """``batch``'s micro-batches (``micro_batches``), then zero-loss one-row passes up to the largest rank's
@@ -558,7 +610,11 @@ class AgentGRPOTrainer(GRPOTrainer):
             for i, rows in enumerate(groups):
                 scale = self._part_scale(rows, mask, i < real)
                 multiple = cast(int | None, self.pad_to_multiple_of)
-                loss = super().compute_loss(model, slice_rows(inputs, rows, multiple)) * scale
+                part = slice_rows(inputs, rows, multiple)
+                if part.get("fused_ratio", False):
+                    part["real"] = float(i < real)
+                    self._fused_part = part
+                loss = super().compute_loss(model, part) * scale
                 if i < len(groups) - 1:
                     self._backward_part(loss)
                     done = done + loss.detach()
@@ -627,12 +683,15 @@ class AgentGRPOTrainer(GRPOTrainer):
             del values[marks.get(key, 0) :]
             values.append(float(merged))
 
-    def _importance_sampling_ratio(self, diff: torch.Tensor, owner: torch.Tensor, rollouts: int) -> torch.Tensor:
+    def _importance_sampling_ratio(
+        self, diff: torch.Tensor, owner: torch.Tensor | None = None, rollouts: int = 0
+    ) -> torch.Tensor:
         """trl's importance-sampling ratio for ``vllm_importance_sampling_mode`` and its clip bounds, from each
         token's ``trainer - sampler`` logprob (0 where no loss): (B, T) in the token modes, (B, 1) in the sequence
         modes, where a row's sequence is its whole rollout (``owner``: the rows' rollouts, -1 for padding)."""
         args = self.args
         if args.vllm_importance_sampling_mode.startswith("sequence"):
+            assert owner is not None, "a sequence-level ratio needs the rows' rollouts"
             totals = torch.zeros(rollouts + 1, device=diff.device).index_add_(0, owner + 1, diff.sum(dim=1))
             diff = totals[owner + 1].unsqueeze(1)
         ratio = torch.exp(diff)
@@ -763,10 +822,14 @@ class AgentGRPOTrainer(GRPOTrainer):
         metrics["rows/per_rollout"].append(totals[0] / len(everyone))
         metrics["weight_version"].append(float(self.weight_version))
         if gap is not None:
-            mask = batch["completion_mask"] * batch["tool_mask"]
-            total = gather(torch.stack([gap.sum(), mask.sum().float()]).unsqueeze(0)).sum(0)
-            metrics["logprob_gap/mean"].append((total[0] / total[1].clamp(min=1)).item())
-            metrics["logprob_gap/max"].append(gather(gap.max().unsqueeze(0)).max().item())
+            self._log_gap(mode, gap, batch["completion_mask"] * batch["tool_mask"])
+
+    def _log_gap(self, mode: str, gap: torch.Tensor, mask: torch.Tensor) -> None:
+        """``logprob_gap/{mean,max}``: |trainer - sampler logprob| over the trained tokens of all ranks."""
+        metrics = self._metrics[mode]
+        total = gather(torch.stack([(gap * mask).sum(), mask.sum().float()]).unsqueeze(0)).sum(0)
+        metrics["logprob_gap/mean"].append((total[0] / total[1].clamp(min=1)).item())
+        metrics["logprob_gap/max"].append(gather((gap * mask).max().unsqueeze(0)).max().item())
 
     def _save_rollouts(
         self,

@@ -55,9 +55,11 @@ def test_micro_batches_fit_the_budget_and_cover_every_row_once():
     assert micro_batches(prompts, completions, None) == [list(range(7))]
 
 
+@pytest.mark.parametrize("mode", ["token_truncate", "sequence_truncate"])  # ratio in the loss forward / before
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
-def test_micro_batches_give_the_whole_chunk_loss_and_gradients(trainer, loss_type):
+def test_micro_batches_give_the_whole_chunk_loss_and_gradients(trainer, loss_type, mode, monkeypatch):
     trainer.loss_type = loss_type
+    monkeypatch.setattr(trainer.args, "vllm_importance_sampling_mode", mode)
     batch_rows = crafted_rows()[0]
     passes = micro_batches([len(r.prompt_ids) for r in batch_rows], [len(r.completion_ids) for r in batch_rows], TINY)
     assert len(passes) >= 4
@@ -69,9 +71,13 @@ def test_micro_batches_give_the_whole_chunk_loss_and_gradients(trainer, loss_typ
     for x, y in zip(whole[1], split[1], strict=True):
         torch.testing.assert_close(y, x, rtol=1e-4, atol=1e-7)
     trained = (whole[2]["completion_mask"] * whole[2]["tool_mask"]).bool()
-    torch.testing.assert_close(
-        split[2]["old_per_token_logps"][trained], whole[2]["old_per_token_logps"][trained], rtol=1e-5, atol=1e-5
-    )
-    for key in ("entropy", "clip_ratio/region_mean", "clip_ratio/high_max"):
+    if mode.startswith("sequence"):
+        torch.testing.assert_close(
+            split[2]["old_per_token_logps"][trained], whole[2]["old_per_token_logps"][trained], rtol=1e-5, atol=1e-5
+        )
+    else:  # logged per pass in the loss forward, merged per chunk
+        assert {"logprob_gap/mean", "sampling/importance_sampling_ratio/max"} <= whole[3].keys()
+    ratio = [f"sampling/importance_sampling_ratio/{s}" for s in ("min", "mean", "max")]
+    for key in ["entropy", "clip_ratio/region_mean", "clip_ratio/high_max", "logprob_gap/mean", *ratio]:
         if key in whole[3]:
             assert split[3][key] == pytest.approx(whole[3][key], rel=1e-4, abs=1e-6), key

@@ -117,42 +117,93 @@ def trl_ratio(old, sampler, mask, mode, low, high, owners) -> torch.Tensor:
 
 @pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
 def test_importance_sampling_is_trls_for_every_mode_and_loss(trainer, monkeypatch, mode):
+    """Through ``compute_loss``: a token mode takes the ratio from the loss forward itself (``_fuses_ratio``), a
+    sequence mode from ``_batch``'s separate forward; both give trl's loss with trl's ratio."""
     monkeypatch.setattr(trainer.args, "vllm_importance_sampling_mode", mode)
     monkeypatch.setattr(trainer.args, "vllm_importance_sampling_clip_min", 0.4)
     monkeypatch.setattr(trainer.args, "vllm_importance_sampling_clip_max", 2.0)
     rows, owners = offset_sampler(trainer)
     for loss_type in ["dapo", "grpo", "sapo", "cispo", "bnpo", "dr_grpo", "luspo"]:
         monkeypatch.setattr(trainer, "loss_type", loss_type)
+        trainer._metrics["train"].clear()
         ours, gap = trainer._batch(rows, owners, ADVANTAGES, "train")
+        assert ("old_per_token_logps" in ours) == mode.startswith("sequence") == (gap is not None)
         mask = ours["completion_mask"] * ours["tool_mask"]
-        expected = trl_ratio(
-            ours["old_per_token_logps"], ours["sampling_per_token_logps"], mask, mode, 0.4, 2.0, owners
-        )
-        assert gap is not None and gap.max().item() == pytest.approx(1.2, abs=1e-5)
+        old = policy_logps(trainer, ours)
+        expected = trl_ratio(old, ours["sampling_per_token_logps"], mask, mode, 0.4, 2.0, owners)
         with monkeypatch.context() as m:  # trl's own path: unweighted advantages, the ratio applied by trl's loss
             m.setattr(trainer.args, "vllm_importance_sampling_correction", False)
             m.setattr(trainer, "num_iterations", 2)
             plain, _ = trainer._batch(rows, owners, ADVANTAGES, "train")
             m.setattr(trainer, "use_vllm", True)
             reference = trainer._compute_loss(trainer.model, {**plain, "importance_sampling_ratio": expected})
-        assert trainer._compute_loss(trainer.model, ours).item() == pytest.approx(reference.item(), rel=1e-5)
+        assert trainer.compute_loss(trainer.model, ours).item() == pytest.approx(reference.item(), rel=1e-5)
+        gap_max = trainer._metrics["train"]["logprob_gap/max"][-1] if gap is None else gap.max().item()
+        assert gap_max == pytest.approx(1.2, abs=1e-5)
     ratios = expected.flatten() if mode.startswith("sequence") else expected[mask.bool()]
     assert (ratios == 0).any() if mode.endswith("mask") else ((ratios == 0.4) | (ratios == 2.0)).any()
     assert ratios.gt(0).any()
-    assert "sampling/importance_sampling_ratio/mean" in trainer._metrics["train"]
+    logged = trainer._metrics["train"]["sampling/importance_sampling_ratio/mean"][-1]
+    assert logged == pytest.approx(ratios.mean().item(), rel=1e-5)
+
+
+def test_the_fused_ratio_saves_a_forward_and_changes_no_loss_or_gradient(trainer, monkeypatch):
+    """On-policy, a token-mode ratio from the loss forward (one forward per pass) gives the loss, gradients and
+    logged ratio and gap of a separate no-grad forward before the update (two)."""
+    monkeypatch.setattr(trainer, "loss_type", "dapo")
+    rows, owners = offset_sampler(trainer)
+    model = trainer.model
+    forwards = 0
+
+    def count(*_: object) -> None:
+        nonlocal forwards
+        forwards += 1
+
+    handle = model.register_forward_pre_hook(count)
+    results = []
+    for fused in (True, False):
+        monkeypatch.setattr(trainer, "_fuses_ratio", lambda fused=fused: fused)
+        trainer._metrics["train"].clear()
+        forwards = 0
+        model.zero_grad()
+        batch, gap = trainer._batch(rows, owners, ADVANTAGES, "train")
+        if gap is not None:  # the separate forward's gap, logged by _log_step at generation
+            trainer._log_gap("train", gap, batch["completion_mask"] * batch["tool_mask"])
+        loss = trainer.compute_loss(model, batch)
+        loss.backward()
+        metrics = {k: v[-1] for k, v in trainer._metrics["train"].items() if "importance" in k or "gap" in k}
+        results.append((forwards, loss.item(), [p.grad.clone() for p in model.parameters()], metrics))
+    handle.remove()
+    (f_fused, l_fused, g_fused, m_fused), (f_sep, l_sep, g_sep, m_sep) = results
+    assert (f_fused, f_sep) == (1, 2)
+    assert l_fused == pytest.approx(l_sep, rel=1e-6) and l_fused != 0.0
+    for x, y in zip(g_fused, g_sep, strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-8)
+    assert m_fused.keys() == m_sep.keys() and len(m_fused) == 5
+    for key, value in m_sep.items():
+        assert m_fused[key] == pytest.approx(value, rel=1e-5), key
 
 
 def test_vespo_gets_trls_importance_sampling_ratio_and_plain_advantages(trainer, monkeypatch):
     monkeypatch.setattr(trainer, "loss_type", "vespo")
     rows, owners = offset_sampler(trainer)
     batch, _ = trainer._batch(rows, owners, ADVANTAGES, "train")
+    assert batch["advantages"][:, 0].tolist() == [1.0, 1.0, -0.5, 0.25]
     mask = batch["completion_mask"] * batch["tool_mask"]
     expected = trl_ratio(
-        batch["old_per_token_logps"], batch["sampling_per_token_logps"], mask, "token_truncate", None, 3.0, owners
+        policy_logps(trainer, batch), batch["sampling_per_token_logps"], mask, "token_truncate", None, 3.0, owners
     )
-    torch.testing.assert_close(batch["importance_sampling_ratio"], expected)
-    assert batch["advantages"][:, 0].tolist() == [1.0, 1.0, -0.5, 0.25]
-    trainer._compute_loss(trainer.model, batch)
+    seen: dict = {}
+    original = trainer._compute_loss
+
+    def spy(model, inputs):
+        seen["inputs"] = inputs  # the ratio is added to it inside the loss forward
+        return original(model, inputs)
+
+    monkeypatch.setattr(trainer, "_compute_loss", spy)
+    trainer.compute_loss(trainer.model, batch)
+    torch.testing.assert_close(seen["inputs"]["importance_sampling_ratio"], expected)
+    torch.testing.assert_close(seen["inputs"]["advantages"], batch["advantages"])
     assert "vespo/phi_seq_mean" in trainer._metrics["train"]
 
 
@@ -200,7 +251,7 @@ def test_reference_logprobs_come_from_the_ref_model(tmp_path):
         batch["completion_ids"].size(1),
     )[0]
     torch.testing.assert_close(batch["ref_per_token_logps"], reference)
-    assert not torch.allclose(batch["ref_per_token_logps"], batch["old_per_token_logps"])
+    assert not torch.allclose(batch["ref_per_token_logps"], policy_logps(t, batch))
 
 
 def test_reference_logprobs_under_peft_are_the_base_models(tmp_path):
