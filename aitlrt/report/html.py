@@ -66,7 +66,10 @@ LABELS = {
     "time/rows_s": "rows",
     "time/update_s": "update",
     "time/sync_s": "sync",
+    "time/model_busy_s": "model busy",
+    "time/agent_outside_calls_s": "agent outside calls (mean)",
 }
+STAGES = ("time/rollouts_s", "time/rewards_s", "time/rows_s", "time/update_s", "time/sync_s")
 REWARD_MEAN = re.compile(r"^rewards/(.+)/mean$")
 HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
 W, H = 420, 200
@@ -191,8 +194,8 @@ def _charts(metrics: Sequence[dict[str, Any]]) -> list[Chart]:
         Chart("loss", "loss", ("loss",), zero=False),
         Chart("groups per step", "groups", ("sampling/groups", "sampling/informative_groups", "zero_variance_groups")),
         Chart("logprob gap |trainer - sampler|", "nats / token", ("logprob_gap/mean",)),
-        Chart("seconds per step", "seconds", (
-            "time/rollouts_s", "time/rewards_s", "time/rows_s", "time/update_s", "time/sync_s"), stacked=True),
+        Chart("seconds per step", "seconds", STAGES, stacked=True),
+        Chart("rollout time", "seconds", ("time/rollouts_s", "time/model_busy_s", "time/agent_outside_calls_s")),
     ]  # fmt: skip
     return [c for c in charts if any(_series(metrics, k) for k in c.keys)]
 
@@ -390,14 +393,14 @@ def _step_table(metrics: Sequence[dict[str, Any]]) -> str:
     columns = [*dict.fromkeys(["reward", *names, "rollouts/non_empty_patch_rate", "rollouts/ok", "loss"])]
     columns += ["sampling/informative_groups", "zero_variance_groups", "logprob_gap/mean"]
     columns = [c for c in columns if any(_num(m.get(c)) is not None for m in metrics)]
-    timed = any(_num(m.get(k)) is not None for m in metrics for k in m if k.startswith("time/"))
+    timed = any(_num(m.get(k)) is not None for m in metrics for k in STAGES)
     if not columns:
         return ""
     head = "".join(f"<th>{escape(_label(c))}</th>" for c in columns) + ("<th>seconds</th>" if timed else "")
     rows = []
     for m in metrics:
         cells = "".join(f"<td>{_fmt(_num(m.get(c)))}</td>" for c in columns)
-        seconds = [v for k, value in m.items() if k.startswith("time/") and (v := _num(value)) is not None]
+        seconds = [v for k in STAGES if (v := _num(m.get(k))) is not None]
         cells += f"<td>{_fmt(sum(seconds), 1)}</td>" if timed else ""
         rows.append(f"<tr><td>{m['step']}</td>{cells}</tr>")
     return (

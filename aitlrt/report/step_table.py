@@ -26,6 +26,8 @@ COLUMNS = (
     ("lp gap", "logprob_gap/mean", "{:>7.3f}"),
     ("loss", "loss", "{:>8.4f}"),
     ("roll s", "time/rollouts_s", "{:>7.1f}"),
+    ("busy s", "time/model_busy_s", "{:>7.1f}"),
+    ("agent s", "time/agent_outside_calls_s", "{:>7.1f}"),
     ("rew s", "time/rewards_s", "{:>6.1f}"),
     ("upd s", "time/update_s", "{:>6.1f}"),
     ("sync s", "time/sync_s", "{:>6.1f}"),

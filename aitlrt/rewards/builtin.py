@@ -21,7 +21,7 @@ import subprocess
 import tempfile
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from aitlrt.common.git import git
@@ -115,38 +115,61 @@ def non_empty_patch(prompts=None, completions=None, completion_ids=None, **kwarg
     return out
 
 
-_grades: dict[tuple[str, str], Grade] = {}
+_grades: dict[tuple[str, str], Future[Grade]] = {}
 _grades_lock = threading.Lock()
 
 
 def grade_cached(task: Task, patch: str, timeout: float = GRADE_TIMEOUT_S) -> Grade:
-    """``grade`` memoised per (task, patch), so tests_pass and tests_pass_fraction run the tests once."""
+    """``grade`` memoised per (task, patch), so tests_pass and tests_pass_fraction run the tests once; a caller
+    that finds the same grade already running (``EarlyGrader``) waits for it instead of running it again."""
     key = (task.instance_id, hashlib.sha256(patch.encode()).hexdigest())
     with _grades_lock:
-        if key in _grades:
-            return _grades[key]
-    result = grade(task, patch, timeout)
-    with _grades_lock:
-        if len(_grades) > 4096:
-            _grades.clear()
-        _grades[key] = result
-    return result
+        pending = _grades.get(key)
+        owner = pending is None
+        if pending is None:
+            if len(_grades) > 4096:
+                _grades.clear()
+            pending = _grades[key] = Future()
+    if owner:
+        try:
+            pending.set_result(grade(task, patch, timeout))
+        except BaseException as exc:  # not memoised: the next caller tries again and sees the error itself
+            with _grades_lock:
+                _grades.pop(key, None)
+            pending.set_exception(exc)
+            raise
+    return pending.result()
+
+
+def grade_row(row: dict[str, Any]) -> Grade:
+    """The grade of one rollout's row (``aitlrt.rewards.inputs.reward_row``): ungraded if its agent failed."""
+    if _failed(row):
+        return Grade("agent_failed", reason=f"rollout {row['rollout_status']}")
+    task = _task(row)
+    if task is None:
+        return Grade("bad_task", reason="the row is not a valid task")
+    return grade_cached(task, row["agent_patch"] or "")
 
 
 def grade_rollouts(kwargs: dict[str, Any], workers: int | None = None) -> list[Grade]:
     """Grade every rollout of the batch concurrently."""
-    rows = _columns(len(kwargs["agent_patch"]), kwargs)
-
-    def one(row: dict[str, Any]) -> Grade:
-        if _failed(row):
-            return Grade("agent_failed", reason=f"rollout {row['rollout_status']}")
-        task = _task(row)
-        if task is None:
-            return Grade("bad_task", reason="the row is not a valid task")
-        return grade_cached(task, row["agent_patch"] or "")
-
     with ThreadPoolExecutor(workers or min(4, usable_cores())) as pool:
-        return list(pool.map(one, rows))
+        return list(pool.map(grade_row, _columns(len(kwargs["agent_patch"]), kwargs)))
+
+
+class EarlyGrader:
+    """Grades each rollout in the background as soon as it ends, while the other agents still run, so that
+    ``tests_pass`` and ``tests_pass_fraction`` find its grade done (or running) when the batch is scored. A failure
+    here is not kept: the reward call grades again and reports it."""
+
+    def __init__(self, workers: int | None = None) -> None:
+        self._pool = ThreadPoolExecutor(workers or min(4, usable_cores()), thread_name_prefix="grade")
+
+    def submit(self, row: dict[str, Any]) -> None:
+        self._pool.submit(grade_row, row)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def tests_pass(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:

@@ -11,11 +11,12 @@ rollout NaN: it leaves its group's baseline and trains nothing.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,6 +24,8 @@ import httpx
 
 from aitlrt.common.workspace import WorkspacePool, patch_of, reclaim_stale
 from aitlrt.rollout.agents.base import Agent, AgentExit, AgentTask, ModelEndpoint
+
+log = logging.getLogger(__name__)
 
 Status = Literal["ok", "no_patch", "timeout", "call_limit", "agent_error", "crashed"]
 
@@ -58,8 +61,11 @@ class RolloutOutcome:
         return infrastructure_failure(self.status, self.calls)
 
     def summary(self) -> dict[str, Any]:
-        row = asdict(self)
-        row.pop("trace")
+        """The outcome without its trace; ``call_times``: each recorded call's (started_at, ended_at) at the proxy."""
+        row = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "trace"}
+        row["call_times"] = [
+            (c["started_at"], c["ended_at"]) for c in self.trace if c.get("started_at") and c.get("ended_at")
+        ]
         return row
 
 
@@ -156,13 +162,17 @@ class RolloutRunner:
         self._lock = threading.Lock()
 
     def run(
-        self, requests: Sequence[RolloutRequest], on_progress: Callable[[Progress], None] | None = None
+        self,
+        requests: Sequence[RolloutRequest],
+        on_progress: Callable[[Progress], None] | None = None,
+        on_outcome: Callable[[RolloutOutcome], None] | None = None,
     ) -> list[RolloutOutcome]:
-        """All rollouts, in the order asked; one failing never stops the others."""
+        """All rollouts, in the order asked; one failing never stops the others. ``on_outcome`` is called with each
+        rollout's outcome as soon as it ends (in the rollout's thread; what it raises is logged and ignored)."""
         progress = Progress(len(requests))
         queued = time.monotonic()
         with ThreadPoolExecutor(max(1, self.concurrency), thread_name_prefix="rollout") as pool:
-            futures = [pool.submit(self._one, r, queued, progress, on_progress) for r in requests]
+            futures = [pool.submit(self._one, r, queued, progress, on_progress, on_outcome) for r in requests]
             return [f.result() for f in futures]
 
     def close(self) -> None:
@@ -180,7 +190,12 @@ class RolloutRunner:
         return self._http.request(method, path, **kw)
 
     def _one(
-        self, req: RolloutRequest, queued: float, progress: Progress, on_progress: Callable[[Progress], None] | None
+        self,
+        req: RolloutRequest,
+        queued: float,
+        progress: Progress,
+        on_progress: Callable[[Progress], None] | None,
+        on_outcome: Callable[[RolloutOutcome], None] | None,
     ) -> RolloutOutcome:
         t0 = time.monotonic()
         timings = {"queue_s": t0 - queued}
@@ -230,6 +245,11 @@ class RolloutRunner:
             calls=outcome.calls,
             tokens=outcome.completion_tokens,
         )
+        if on_outcome is not None:
+            try:
+                on_outcome(outcome)
+            except Exception:
+                log.exception("rollout %s: on_outcome failed", req.rollout_id)
         return outcome
 
     def _trace(self, rollout_id: str) -> list[dict[str, Any]]:

@@ -59,9 +59,11 @@ from trl import GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import nanmax, nanmin, pad, use_adapter
 
+from aitlrt.rewards.builtin import EarlyGrader, tests_pass, tests_pass_fraction
 from aitlrt.rewards.inputs import reward_row
 from aitlrt.rollout.agents import AgentTask, make_agent
 from aitlrt.rollout.runner import RolloutOutcome, RolloutRequest, RolloutRunner, infrastructure_failure
+from aitlrt.rollout.timing import time_split
 from aitlrt.tasks.difficulty import read_difficulty
 from aitlrt.tasks.task import Task, task_from_row
 from aitlrt.training.advantages import rollout_advantages
@@ -191,6 +193,8 @@ class AgentGRPOTrainer(GRPOTrainer):
         self._prepared: Any = None
         self._weights_changed = False  # an update ran since the last sync
         self._curriculum: CurriculumSampler | None = None
+        graded = any(f in (tests_pass, tests_pass_fraction) for f in self.reward_funcs)
+        self._early_grader = EarlyGrader() if graded else None  # grades each rollout as it ends
         self._fused_part: dict[str, Any] | None = None  # the micro-batch whose loss forward computes it
 
     # ---- the weight sync ---------------------------------------------------------------------------------------
@@ -246,19 +250,29 @@ class AgentGRPOTrainer(GRPOTrainer):
                 recycle_workspaces=self.args.recycle_workspaces,
             )
         tag = f"s{self.state.global_step:05d}-r{self.accelerator.process_index}-{uuid.uuid4().hex[:6]}"
-        requests = []
+        requests, rows = [], {}
         for i, row in enumerate(inputs):
             task = self._task(row)
             repo, base = self._checkout(task)
             agent_task = AgentTask(task.instance_id, task.problem_statement, task.files)
             requests.append(RolloutRequest(f"{tag}-{i:03d}", agent_task, repo, base))
-        return self._runner.run(requests)
+            rows[requests[-1].rollout_id] = row
+
+        def grade_early(outcome: RolloutOutcome) -> None:
+            if self._early_grader is not None:
+                row = rows[outcome.rollout_id]
+                self._early_grader.submit(reward_row(row, self._task(row), outcome))
+
+        return self._runner.run(requests, on_outcome=grade_early)
 
     def close(self) -> None:
         """Stop the agents and remove the idle workspaces (call when training is over)."""
         if self._runner is not None:
             self._runner.close()
             self._runner = None
+        if self._early_grader is not None:
+            self._early_grader.close()
+            self._early_grader = None
         if hasattr(self.agent, "close"):
             self.agent.close()
 
@@ -804,6 +818,8 @@ class AgentGRPOTrainer(GRPOTrainer):
         statuses = Counter(o["status"] for o in everyone)
         for status in ("ok", "no_patch", "timeout", "call_limit", "agent_error", "crashed"):
             metrics[f"rollouts/{status}"].append(statuses.get(status, 0) / len(everyone))
+        for key, value in time_split(everyone).items():  # where the rollouts' time went (all ranks, all rounds)
+            metrics[f"time/{key}"].append(value)
         metrics["rollouts/unscorable"].append(sum(infrastructure_failure(o["status"], o["calls"]) for o in everyone))
         metrics["rollouts/calls_mean"].append(statistics.fmean(o["calls"] for o in everyone))
         metrics["rollouts/completion_tokens_mean"].append(statistics.fmean(o["completion_tokens"] for o in everyone))

@@ -189,9 +189,7 @@ def dynamic_main(repo: str, out: str) -> None:
 
     trainer.add_callback(Snapshot())
     trainer.train()
-    changed = [
-        any(not torch.equal(a, b) for a, b in zip(x, y, strict=True)) for x, y in itertools.pairwise(snapshots)
-    ]
+    changed = [any(not torch.equal(a, b) for a, b in zip(x, y, strict=True)) for x, y in itertools.pairwise(snapshots)]
     keys = ("sampling/rounds", "sampling/groups", "sampling/informative_groups", "sampling/skipped_update")
     logs = [{k: e[k] for k in keys} for e in trainer.state.log_history if "sampling/rounds" in e]
     torch.save({"changed": changed, "logs": logs}, Path(out) / f"dynamic{rank}.pt")

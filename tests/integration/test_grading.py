@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from aitlrt.rewards import builtin
 from aitlrt.rewards.builtin import REWARDS, grade_rollouts
 from aitlrt.tasks.grading import grade
 from aitlrt.tasks.loader import load_tasks
@@ -160,3 +161,28 @@ def test_grading_leaves_no_workspace_behind(webargs):
     before = set(workspaces_root().glob("*grade-*"))
     assert grade(tasks[1], tasks[1].patch).resolved
     assert set(workspaces_root().glob("*grade-*")) == before
+
+
+def test_early_grading_grades_each_rollout_once_and_the_rewards_reuse_it(webargs, monkeypatch):
+    """``EarlyGrader`` (the trainer's grading as each rollout ends): the reward call that follows, made while the
+    early grades still run, waits for them; tests_pass and tests_pass_fraction run no test again."""
+    tasks, _ = webargs
+    monkeypatch.setattr(builtin, "_grades", {})
+    runs: list[str] = []
+    real = builtin.grade
+
+    def counted(task, patch, timeout):
+        runs.append(task.instance_id)
+        return real(task, patch, timeout)
+
+    monkeypatch.setattr(builtin, "grade", counted)
+    cols = _columns(tasks[:2], [t.patch for t in tasks[:2]])
+    grader = builtin.EarlyGrader()
+    try:
+        for row in builtin._columns(2, cols):
+            grader.submit(row)
+        scores = _rewards(cols)
+    finally:
+        grader.close()
+    assert scores["tests_pass"] == [1.0, 1.0] and scores["tests_pass_fraction"] == [1.0, 1.0]
+    assert sorted(runs) == sorted(t.instance_id for t in tasks[:2])
