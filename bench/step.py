@@ -1,22 +1,33 @@
-"""Benchmark of a training step's update against the machine's own limit (issue 14).
+"""Benchmark of a training step (issue 14): the update against the machine's own limit, and the serial loop against
+pipelined steps on the embedded defaults. ``python bench/step.py`` (no arguments).
 
-``update_vs_bare``: the rows of one real training step of the main job (``bench/data/cpu_demo_calls.jsonl``: the
-recorded calls of ``configs/cpu_demo.yaml``'s GRPO steps, real Aider rollouts through aitlrt-serve and vLLM CPU;
-token ids and sampler logprobs as recorded) trained by ``AgentGRPOTrainer`` with the main job's settings (the
-bundled SmolLM2-135M in fp32 with bf16 autocast, no gradient checkpointing, ``max_tokens_per_forward`` 4096: one row
-per pass), against a bare PyTorch loop on the same rows: per row one forward (logits of the completion only), a
-policy-gradient loss, backward; one AdamW step. Timed side by side, alternating which goes first, median of
-``ROUNDS``; AITLRT's update is everything from the rows to the new weights (``_batch``, ``training_step``, the
-optimizer step). For contrast, today's separate importance-sampling forward before the update (``fused`` off).
+1. ``update_vs_bare``: the rows of one real training step of the main job (``bench/data/cpu_demo_calls.jsonl``: the
+   recorded calls of ``configs/cpu_demo.yaml``'s GRPO steps, real Aider rollouts through aitlrt-serve and vLLM CPU;
+   token ids and sampler logprobs as recorded) trained by ``AgentGRPOTrainer`` with the main job's settings (the
+   bundled SmolLM2-135M in fp32 with bf16 autocast, no gradient checkpointing, ``max_tokens_per_forward`` 4096: one
+   row per pass), against a bare PyTorch loop on the same rows: per row one forward (logits of the completion
+   only), a policy-gradient loss, backward; one AdamW step. Timed side by side, alternating which goes first,
+   median of ``ROUNDS``; AITLRT's update is everything from the rows to the new weights (``_batch``,
+   ``training_step``, the optimizer step). For contrast, the update with a separate importance-sampling forward
+   before it (what a sequence-level ratio or an off-policy generation still needs).
+2. Steps: ``aitlrt/train.py`` on the main job's training tasks from its (cached) warm start, ``STEPS`` GRPO steps
+   with ``max_staleness`` 0 (the serial loop: roll out, then update) and then 1 (the next step's rollouts run during
+   the update), same seed, each with its own server. From each run's ``metrics.jsonl``, over the steps after the
+   first (the first has nothing to overlap and pays the warm-ups): the step wall time, the time the trainer waited
+   for rollouts, the update, and the model server's busy time (the union of the recorded calls, at the proxy).
+   ``rollout_overhead``: the serial run's rollout wall time over the server's busy time for the same calls.
+   ``trainer_idle``: the share of the pipelined steps the trainer spent waiting for rollouts.
 
-Run: ``python bench/step.py`` (no arguments).
+Runs go under ``runs/bench_step/<time>/``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -35,11 +46,15 @@ from aitlrt.training.config import AgentGRPOConfig
 from aitlrt.training.rows import Row, build_rows
 from aitlrt.training.trainer import AgentGRPOTrainer
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+CONFIG = ROOT / "configs" / "cpu_demo.yaml"
 CALLS = Path(__file__).with_name("data") / "cpu_demo_calls.jsonl"
 ROLLOUTS = 4  # one training step of the main job: one group of 4
 ROUNDS = 2
 MAX_ROW, PER_FORWARD = 6144, 4096  # configs/cpu_demo.yaml's max_row_tokens and max_tokens_per_forward
-UPDATE_GOAL = 0.8
+UPDATE_GOAL, PIPELINED_GOAL, OVERHEAD_GOAL, IDLE_GOAL = 0.8, 0.7, 1.3, 0.3
+STEPS = 6  # the first of each run is left out of the means: 5 steps each are compared
 
 
 def step_rows() -> list[Row]:
@@ -122,7 +137,8 @@ def timed(update: Callable) -> float:
     return time.perf_counter() - started
 
 
-def main() -> int:
+def update_vs_bare() -> float:
+    """The update table; AITLRT's update tokens/s over the bare loop's."""
     torch.manual_seed(0)
     path = resolve_model("bundled")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).train()
@@ -131,16 +147,13 @@ def main() -> int:
     advantages = [1.0, -1.0] * (len(rows) // 2) + [0.5] * (len(rows) % 2)
     tokens = sum(len(r.tokens) for r in rows)
     sampled = sum(r.sampled for r in rows)
-    print(
-        f"rows: {len(rows)} of {ROLLOUTS} recorded rollouts, {tokens} tokens ({sampled} sampled); threads "
-        f"{torch.get_num_threads()}",
-        flush=True,
-    )
+    print(f"update: {len(rows)} rows of {ROLLOUTS} recorded rollouts, {tokens} tokens ({sampled} sampled); "
+          f"{torch.get_num_threads()} threads", flush=True)  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         updates = {
             "bare PyTorch": bare_update(model, rows, advantages),
-            "AITLRT (ratio in the loss forward)": trainer_update(model, tokenizer, rows, advantages, tmp, True),
-            "AITLRT, separate IS forward (before)": trainer_update(model, tokenizer, rows, advantages, tmp, False),
+            "AITLRT": trainer_update(model, tokenizer, rows, advantages, tmp, True),
+            "AITLRT, separate IS forward": trainer_update(model, tokenizer, rows, advantages, tmp, False),
         }
         times: dict[str, list[float]] = {name: [] for name in updates}
         for k in range(ROUNDS):
@@ -150,11 +163,74 @@ def main() -> int:
                 print(f"  round {k + 1}: {name}: {times[name][-1]:.1f} s", flush=True)
     medians = {name: statistics.median(t) for name, t in times.items()}
     bare = tokens / medians["bare PyTorch"]
-    print(f"\n{'update':<40}{'seconds':>9}{'tokens/s':>10}{'vs bare':>9}")
+    print(f"\n{'update':<32}{'seconds':>9}{'tokens/s':>10}{'vs bare':>9}")
     for name, seconds in medians.items():
-        print(f"{name:<40}{seconds:>9.1f}{tokens / seconds:>10.0f}{tokens / seconds / bare:>9.2f}")
-    ratio = tokens / medians["AITLRT (ratio in the loss forward)"] / bare
-    print(f"TARGET update_vs_bare {ratio:.2f} >={UPDATE_GOAL} {'PASS' if ratio >= UPDATE_GOAL else 'MISS'}")
+        print(f"{name:<32}{seconds:>9.1f}{tokens / seconds:>10.0f}{tokens / seconds / bare:>9.2f}")
+    return tokens / medians["AITLRT"] / bare
+
+
+def training_run(staleness: int, tasks: Path, warm: str, out: Path, serve_args: str) -> list[dict]:
+    """``aitlrt/train.py`` for ``STEPS`` steps with ``max_staleness``; its logged steps."""
+    cmd = [sys.executable, str(ROOT / "aitlrt" / "train.py"), "--config", str(CONFIG), "--tasks", str(tasks),
+           "--heldout_share", "0", "--warm_start", "none", "--model_name_or_path", warm, "--max_steps", str(STEPS),
+           "--max_staleness", str(staleness), "--seed", "0", "--output_dir", str(out), "--save_strategy", "no",
+           "--serve_args", f"{serve_args} --seed 0"]  # fmt: skip
+    print(f"steps: max_staleness {staleness} -> {out} (log {out}.log)", flush=True)
+    with open(f"{out}.log", "w") as log:
+        done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    if done.returncode:
+        raise SystemExit(f"the run with max_staleness {staleness} failed ({done.returncode}): see {out}.log")
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [s for s in logged if "time/step_s" in s]
+
+
+def steps() -> dict[str, dict[str, float]]:
+    """Serial and pipelined runs; per mode the means over the steps after the first."""
+    from trl import ModelConfig, TrlParser
+
+    from aitlrt.common.logs import setup_logging
+    from aitlrt.tasks.split import split_heldout
+    from aitlrt.tasks.task import task_from_row
+    from aitlrt.training.config import AgentGRPOConfig, AgentScriptArguments
+    from aitlrt.training.dataset import load_task_rows
+    from aitlrt.warmstart.recipe import warm_start
+
+    setup_logging()
+    parser = TrlParser((AgentScriptArguments, AgentGRPOConfig, ModelConfig))  # type: ignore[arg-type]
+    script, config, model_args = parser.parse_args_and_config(["--config", str(CONFIG), "--output_dir", "/tmp/x"])
+    out = ROOT / "runs" / "bench_step" / time.strftime("%Y%m%d-%H%M%S")
+    train, _ = split_heldout(load_task_rows(script), script.heldout_share, script.heldout_files, script.heldout_seed)
+    (out / "tasks").mkdir(parents=True)
+    (out / "tasks" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train))
+    base = resolve_model(model_args.model_name_or_path or "bundled")
+    tasks = [task_from_row(r) for r in train]
+    warm = warm_start(script.warm_start, tasks, base, config.rollout_settings(), shlex.split(script.warm_start_args))
+    means = {}
+    for name, staleness in (("serial", 0), ("pipelined", 1)):
+        logged = training_run(staleness, out / "tasks" / "train.jsonl", str(warm), out / name, script.serve_args)[1:]
+        keys = ("time/step_s", "time/rollouts_s", "time/update_s", "time/model_busy_s")
+        means[name] = {k: statistics.fmean(s.get(k, 0.0) for s in logged) for k in keys}
+        means[name]["steps"] = len(logged)
+    print(f"\n{'steps (2..' + str(STEPS) + ')':<14}{'step s':>8}{'waiting':>9}{'update':>8}{'busy':>7}{'n':>3}")
+    for name, m in means.items():
+        print(f"{name:<14}{m['time/step_s']:>8.1f}{m['time/rollouts_s']:>9.1f}{m['time/update_s']:>8.1f}"
+              f"{m['time/model_busy_s']:>7.1f}{m['steps']:>3.0f}")  # fmt: skip
+    return means
+
+
+def target(name: str, measured: float, goal: float, higher: bool) -> None:
+    ok = measured >= goal if higher else measured <= goal
+    print(f"TARGET {name} {measured:.2f} {'>=' if higher else '<='}{goal} {'PASS' if ok else 'MISS'}")
+
+
+def main() -> int:
+    ratio = update_vs_bare()
+    means = steps()
+    serial, pipelined = means["serial"], means["pipelined"]
+    target("update_vs_bare", ratio, UPDATE_GOAL, True)
+    target("pipelined_step_ratio", pipelined["time/step_s"] / serial["time/step_s"], PIPELINED_GOAL, False)
+    target("rollout_overhead", serial["time/rollouts_s"] / serial["time/model_busy_s"], OVERHEAD_GOAL, False)
+    target("trainer_idle", pipelined["time/rollouts_s"] / pipelined["time/step_s"], IDLE_GOAL, False)
     return 0
 
 

@@ -342,9 +342,9 @@ class ReplayTrainer(AgentGRPOTrainer):
     def _connect(self) -> None:
         self._served_model, self.weight_version = "replay", 0
 
-    def _rollouts(self, inputs):
+    def _rollouts(self, inputs, step=None):
         recorded = recorded_outcomes()
-        start = self.state.global_step * len(inputs)
+        start = (self.state.global_step if step is None else step - 1) * len(inputs)
         return [recorded[(start + i) % len(recorded)] for i in range(len(inputs))]
 
 

@@ -31,6 +31,7 @@ COLUMNS = (
     ("rew s", "time/rewards_s", "{:>6.1f}"),
     ("upd s", "time/update_s", "{:>6.1f}"),
     ("sync s", "time/sync_s", "{:>6.1f}"),
+    ("step s", "time/step_s", "{:>6.1f}"),
     ("wv", "weight_version", "{:>3.0f}"),
 )
 

@@ -108,6 +108,16 @@ class AgentGRPOConfig(GRPOConfig):
     max_sampling_rounds: int = field(
         default=3, metadata={"help": "dynamic sampling: rounds of rollouts per step at most (1: no extra rounds)"}
     )
+    max_staleness: int = field(
+        default=1,
+        metadata={
+            "help": "pipelined steps: while the trainer updates on step k's rows, the agents already roll out step "
+            "k+1's first round with the weights of version k, so trained rows are at most this many versions behind "
+            "the trainer (the importance-sampling ratio corrects for it against the recorded sampler logprobs); 0: "
+            "the synchronous loop (roll out, then update). 0 or 1; 1 needs one generation per optimizer step "
+            "(steps_per_generation = gradient_accumulation_steps, num_iterations 1)"
+        },
+    )
     task_difficulty_file: str | None = field(
         default=None,
         metadata={
@@ -169,6 +179,17 @@ class AgentGRPOConfig(GRPOConfig):
         if self.weight_version_check not in ("error", "warn"):
             raise ValueError(f"weight_version_check must be error or warn, got {self.weight_version_check!r}")
         self._refuse_unsupported()
+        if self.max_staleness not in (0, 1):
+            raise ValueError(f"max_staleness must be 0 (synchronous) or 1 (pipelined), got {self.max_staleness}")
+        if self.max_staleness and (
+            self.steps_per_generation != self.gradient_accumulation_steps or self.num_iterations != 1
+        ):
+            raise ValueError(
+                "max_staleness=1 (pipelined steps) needs one generation per optimizer step: steps_per_generation "
+                f"(got {self.steps_per_generation}) = gradient_accumulation_steps (got "
+                f"{self.gradient_accumulation_steps}) and num_iterations 1 (got {self.num_iterations}); set "
+                "max_staleness=0 for the synchronous loop"
+            )
         if self.min_informative_groups < 0 or self.max_sampling_rounds < 1:
             raise ValueError("min_informative_groups must be >= 0 and max_sampling_rounds >= 1")
         if not 0.0 <= self.curriculum_failed_share <= 1.0:

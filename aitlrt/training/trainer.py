@@ -40,6 +40,7 @@ largest rank's number of passes (ZeRO-3 collectives): the extra ones are zero-lo
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -70,6 +71,7 @@ from aitlrt.training.advantages import rollout_advantages
 from aitlrt.training.config import ROW_NORMALISED_LOSSES, AgentGRPOConfig
 from aitlrt.training.curriculum import CurriculumSampler
 from aitlrt.training.logprobs import scored_positions_only
+from aitlrt.training.pipeline import RolloutsAhead, Taken
 from aitlrt.training.probe import check_sampling, make_weight_probe
 from aitlrt.training.rows import Row, RowStats, build_rows
 from aitlrt.training.weight_sync import make_weight_sync, proxy_request
@@ -189,18 +191,23 @@ class AgentGRPOTrainer(GRPOTrainer):
         self._checkouts: dict[str, tuple[Path, str]] = {}
         self._runner: RolloutRunner | None = None  # one for the whole run: it keeps the recycled workspaces
         self._generation_s = 0.0
+        self._step_s = 0.0  # wall time of the optimizer step so far
         self._skip_update = False  # this generation's groups all lacked reward variance (dynamic sampling)
         self._prepared: Any = None
         self._weights_changed = False  # an update ran since the last sync
         self._curriculum: CurriculumSampler | None = None
         graded = any(f in (tests_pass, tests_pass_fraction) for f in self.reward_funcs)
         self._early_grader = EarlyGrader() if graded else None  # grades each rollout as it ends
+        self._ahead = RolloutsAhead() if self.args.max_staleness else None  # pipelined steps
+        self._peeked: tuple[Any, Any] | None = None  # (epoch iterator, the next step's generation batch)
         self._fused_part: dict[str, Any] | None = None  # the micro-batch whose loss forward computes it
 
     # ---- the weight sync ---------------------------------------------------------------------------------------
     def sync_weights(self) -> float:
         """Push the current policy to the server (every rank calls), learn the new weight version and check that the
         server now serves the policy (the weight probe); the seconds it took."""
+        if self._ahead is not None:
+            self._ahead.wait()  # never cut the calls of rollouts running ahead
         started = time.monotonic()
         version = self.weight_sync.sync(self)
         if version is not None:
@@ -237,7 +244,8 @@ class AgentGRPOTrainer(GRPOTrainer):
             self._checkouts[task.instance_id] = task.checkout()
         return self._checkouts[task.instance_id]
 
-    def _rollouts(self, inputs: list[dict[str, Any]]) -> list[RolloutOutcome]:
+    def _rollouts(self, inputs: list[dict[str, Any]], step: int | None = None) -> list[RolloutOutcome]:
+        """This rank's rollouts of ``inputs`` for training step ``step`` (default: the current one)."""
         if self._runner is None:
             self._runner = RolloutRunner(
                 self.agent,
@@ -249,7 +257,8 @@ class AgentGRPOTrainer(GRPOTrainer):
                 context_window=self.args.context_window,
                 recycle_workspaces=self.args.recycle_workspaces,
             )
-        tag = f"s{self.state.global_step:05d}-r{self.accelerator.process_index}-{uuid.uuid4().hex[:6]}"
+        done = self.state.global_step if step is None else step - 1
+        tag = f"s{done:05d}-r{self.accelerator.process_index}-{uuid.uuid4().hex[:6]}"
         requests, rows = [], {}
         for i, row in enumerate(inputs):
             task = self._task(row)
@@ -267,6 +276,8 @@ class AgentGRPOTrainer(GRPOTrainer):
 
     def close(self) -> None:
         """Stop the agents and remove the idle workspaces (call when training is over)."""
+        if self._ahead is not None:
+            self._ahead.close()
         if self._runner is not None:
             self._runner.close()
             self._runner = None
@@ -291,11 +302,14 @@ class AgentGRPOTrainer(GRPOTrainer):
         mode = "train" if cast(torch.nn.Module, self.model).training else "eval"
         t0 = time.monotonic()
         self._connect()
+        taken = None
+        if self._ahead is not None and mode == "train":
+            taken = self._ahead.take(inputs, self.state.global_step + 1)
         sync_s = 0.0
         if self.state.global_step != self._synced_step and self._weights_changed:
             sync_s = self.sync_weights()
         group = cast(int, self.num_generations if mode == "train" else self.num_generations_eval)  # set by trl
-        rounds = [self._sample_round(inputs, mode, group)]
+        rounds = [self._sample_round(inputs, mode, group, taken)]
         limit = self.args.max_sampling_rounds if mode == "train" else 1
         while len(rounds) < limit and sum(r.informative_groups for r in rounds) < self.args.min_informative_groups:
             rounds.append(self._sample_round(self._more_inputs(len(inputs), group, rounds), mode, group))
@@ -306,7 +320,7 @@ class AgentGRPOTrainer(GRPOTrainer):
         # Dynamic sampling: only the rollouts of groups with reward variance are trained on (training mode).
         keep = [(r, i) for r in rounds for i in range(len(r.outcomes)) if mode != "train" or r.kept(i)]
         outcomes = [r.outcomes[i] for r, i in keep]
-        rows, owners, stats = self._rows(outcomes)
+        rows, owners, stats = self._rows(outcomes, mode, None if taken is None else taken.version)
         advantages = [float(r.advantages[r.local][i]) for r, i in keep]
         batch, gap = self._batch(rows, owners, advantages, mode, self._truncated(outcomes))
         t4 = time.monotonic()
@@ -330,14 +344,42 @@ class AgentGRPOTrainer(GRPOTrainer):
             )
         if self.args.save_rollouts and mode == "train":
             self._save_rollouts(rounds, rows, owners, keep)
+        if mode == "train":
+            self._run_ahead()
         return batch
 
-    def _sample_round(self, inputs: list[dict[str, Any]], mode: str, group: int) -> SamplingRound:
-        """Roll out and score this rank's ``inputs`` (whole groups over all ranks); rewards and advantages are
-        gathered over ranks, so every rank sees the same informative groups."""
+    def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> Any:
+        """transformers'; pipelined, it also reads the next step's first batch (the generation batch that step rolls
+        out, ``_run_ahead``), which the next call returns first."""
+        if self._ahead is None:
+            return super().get_batch_samples(epoch_iterator, num_batches, device)
+        peeked, self._peeked = self._peeked, None
+        head = [peeked[1]] if peeked is not None and peeked[0] is epoch_iterator else []
+        batches, items = super().get_batch_samples(itertools.chain(head, epoch_iterator), num_batches, device)
+        if len(batches) == num_batches:
+            following = next(epoch_iterator, None)
+            self._peeked = None if following is None else (epoch_iterator, following)
+        return batches, items
+
+    def _run_ahead(self) -> None:
+        """Pipelined: start the next step's first round of rollouts in the background, with the weights the server
+        has now (none after the last step or the epoch's last batch)."""
+        step = self.state.global_step + 2
+        if self._ahead is None or self._peeked is None or step > self.state.max_steps:
+            return
+        inputs = self._peeked[1]
+        self._ahead.start(inputs, step, self.weight_version, lambda: self._rollouts(inputs, step))
+
+    def _sample_round(
+        self, inputs: list[dict[str, Any]], mode: str, group: int, taken: Taken | None = None
+    ) -> SamplingRound:
+        """Roll out (or take the rollouts run ahead, ``taken``) and score this rank's ``inputs`` (whole groups over
+        all ranks); rewards and advantages are gathered over ranks, so every rank sees the same informative
+        groups. ``rollout_s``: the seconds this step waited for the rollouts."""
         t1 = time.monotonic()
-        outcomes = self._rollouts(inputs)
+        outcomes = self._rollouts(inputs) if taken is None else taken.outcomes
         t2 = time.monotonic()
+        waited = t2 - t1 if taken is None else taken.waited_s
         scored = [reward_row(row, self._task(row), o) for row, o in zip(inputs, outcomes, strict=True)]
         prompts = [row["prompt"] for row in inputs]
         completions = [o.patch for o in outcomes]
@@ -364,7 +406,7 @@ class AgentGRPOTrainer(GRPOTrainer):
             local=slice(rank * len(inputs), (rank + 1) * len(inputs)),
             instance_ids=ids,
             group=group,
-            rollout_s=t2 - t1,
+            rollout_s=waited,
             reward_s=time.monotonic() - t2,
         )
         self._record_completions(mode, inputs, outcomes, rewards_per_func, advantages)
@@ -418,7 +460,12 @@ class AgentGRPOTrainer(GRPOTrainer):
         rank = self.accelerator.process_index
         return everyone[rank * count : (rank + 1) * count]
 
-    def _rows(self, outcomes: list[RolloutOutcome]) -> tuple[list[Row], list[int], RowStats]:
+    def _rows(
+        self, outcomes: list[RolloutOutcome], mode: str, ahead: int | None = None
+    ) -> tuple[list[Row], list[int], RowStats]:
+        """The rows of ``outcomes`` (unscorable rollouts give none), checked to come from the weight version the
+        server had when their rollouts started: the synced one, or ``ahead`` for rollouts run ahead (at most
+        ``max_staleness`` behind); the staleness of the rows is logged (``staleness/*``)."""
         rows, owners, stats = [], [], RowStats()
         for i, outcome in enumerate(outcomes):
             if outcome.unscorable:
@@ -429,14 +476,20 @@ class AgentGRPOTrainer(GRPOTrainer):
             rows += built
             owners += [i] * len(built)
         versions = {v for r in rows for v in r.weight_versions}
-        if versions - {self.weight_version}:
+        expected = {self.weight_version} | ({ahead} if ahead is not None else set())
+        if versions - expected:
             msg = (
-                f"rows of step {self.state.global_step} were sampled by weight version(s) {sorted(versions)}, "
-                f"expected {self.weight_version}: the weight sync did not reach the server"
+                f"rows of step {self.state.global_step + 1} were sampled by weight version(s) {sorted(versions)}, "
+                f"expected {sorted(expected)}: the weight sync did not reach the server"
             )
             if self.args.weight_version_check == "error":
                 raise WeightVersionError(msg)
             log.warning(msg)
+        lags = gather_object([self.weight_version - min(r.weight_versions) for r in rows if r.weight_versions])
+        metrics = self._metrics[mode]
+        for lag in range(self.args.max_staleness + 1):
+            metrics[f"staleness/{lag}"].append(sum(x == lag for x in lags) / max(1, len(lags)))
+        metrics["staleness/max"].append(float(max(lags, default=0)))
         return rows, owners, stats
 
     def _batch(
@@ -911,12 +964,23 @@ class AgentGRPOTrainer(GRPOTrainer):
             if self._skip_update:
                 self._prepared = None
                 self._step += 1  # as trl's training_step counts micro-steps (its generation schedule)
+                self._log_step_time(started)
                 return torch.zeros((), device=self.args.device)
         loss = super().training_step(model, inputs, num_items_in_batch)
         self._weights_changed = True
         update = time.monotonic() - started - (self._generation_s - before)
         self._metrics["train"]["time/update_s"].append(update)
+        if model.training:
+            self._log_step_time(started)
         return loss
+
+    def _log_step_time(self, started: float) -> None:
+        """``time/step_s``: the wall time of the optimizer step's micro-steps (generation or waiting for the rollouts
+        run ahead, update), logged at its last micro-step."""
+        self._step_s += time.monotonic() - started
+        if self._step % self.current_gradient_accumulation_steps == 0:
+            self._metrics["train"]["time/step_s"].append(self._step_s)
+            self._step_s = 0.0
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
         super()._load_from_checkpoint(resume_from_checkpoint, model)

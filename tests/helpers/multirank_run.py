@@ -59,9 +59,11 @@ def calls_reward(prompts, completions, completion_ids=None, **kwargs):
     return [c / 6 for c in kwargs["rollout_calls"]]
 
 
-def tiny_trainer(proxy: str, repo: str, out: str, *, reward_funcs=None, peft_config=None, **config) -> AgentGRPOTrainer:
-    """A tiny random Llama, two tasks on ``repo``, the counting agent, the scripted upstream behind ``proxy``
-    (``reward_funcs``: default ``calls_reward``; ``peft_config``: trl's)."""
+def tiny_trainer(
+    proxy: str, repo: str, out: str, *, reward_funcs=None, peft_config=None, tasks: int = 2, trainer=None, **config
+) -> AgentGRPOTrainer:
+    """A tiny random Llama, ``tasks`` tasks on ``repo``, the counting agent, the scripted upstream behind ``proxy``
+    (``reward_funcs``: default ``calls_reward``; ``peft_config``: trl's; ``trainer``: a subclass to build)."""
     torch.manual_seed(0)
     model = LlamaForCausalLM(
         LlamaConfig(
@@ -84,7 +86,7 @@ def tiny_trainer(proxy: str, repo: str, out: str, *, reward_funcs=None, peft_con
     )
     rows = [
         task_from_row({"instance_id": f"task-{k}", "problem_statement": f"task {k}", "repo_path": repo}).as_row()
-        for k in range(2)
+        for k in range(tasks)
     ]
     settings = dict(
         output_dir=out,
@@ -102,7 +104,7 @@ def tiny_trainer(proxy: str, repo: str, out: str, *, reward_funcs=None, peft_con
         max_completion_length=None,  # as the scripted upstream's proxies: no --max-tokens
         weight_probe=False,  # the scripted upstream is no model to probe
     )
-    return AgentGRPOTrainer(
+    return (trainer or AgentGRPOTrainer)(
         model=model,
         reward_funcs=reward_funcs or [calls_reward],
         peft_config=peft_config,
@@ -163,7 +165,7 @@ def dynamic_main(repo: str, out: str) -> None:
     trainer.weight_version = 0
     rank, rounds = trainer.accelerator.process_index, itertools.count()
 
-    def rollouts(inputs):
+    def rollouts(inputs, step=None):
         informative = next(rounds) == 1 and rank == 1  # step 1, round 2, rank 1 only
         trace = [
             {

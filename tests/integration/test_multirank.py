@@ -42,7 +42,8 @@ def test_micro_batches_on_unequal_ranks_give_one_ranks_loss_and_gradients(make_r
         torchrun(ranks, "--micro-batches", str(repo), str(tmp_path), loss_type, "48")
     one, *two = (torch.load(tmp_path / name) for name in ("w1r0.pt", "w2r0.pt", "w2r1.pt"))
     assert two[0]["own"] < two[1]["own"]  # rank 0's 2 short rows: fewer micro-batches than rank 1's 9 rows
-    assert two[0]["forwards"] == two[1]["forwards"] > two[1]["own"]  # padding passes: same count on both ranks
+    # padding passes: rank 0 runs as many as rank 1; the importance ratio comes from these (no separate forward)
+    assert two[0]["forwards"] == two[1]["forwards"] == two[1]["own"]
     assert two[0]["loss"] == two[1]["loss"] == pytest.approx(one["loss"], rel=1e-5, abs=1e-7)
     assert one["loss"] != 0.0
     for x, y in zip(one["grads"], two[0]["grads"], strict=True):

@@ -1,5 +1,6 @@
-"""``AgentGRPOTrainer`` end to end on CPU: two GRPO steps of the bundled model with real Aider agents on a real
-task, through the session's real aitlrt-serve + vLLM CPU server, checked against the proxy's own traces."""
+"""``AgentGRPOTrainer`` end to end on CPU: two pipelined GRPO steps (the default ``max_staleness`` 1) of the bundled
+model with real Aider agents on a real task, through the session's real aitlrt-serve + vLLM CPU server, checked
+against the proxy's own traces."""
 
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ class Recording(AgentGRPOTrainer):
         super().__init__(*args, **kwargs)
         self.outcomes, self.batches = [], []
 
-    def _rollouts(self, inputs):
-        outcomes = super()._rollouts(inputs)
+    def _rollouts(self, inputs, step=None):
+        outcomes = super()._rollouts(inputs, step)
         self.outcomes.append(outcomes)
         return outcomes
 
@@ -126,7 +127,8 @@ def test_two_grpo_steps_with_real_agents(served, data_dir, tokenizer, tmp_path, 
                 if call["status"] == 200 and not call["tag"]:
                     expected_tokens += call["completion_token_ids"]
                     expected_logprobs += call["logprobs"]
-                    assert call["weight_version"] == version_before + step  # synced before step 2's rollouts
+                    # pipelined (max_staleness 1): step 2's rollouts ran ahead, during step 1's update
+                    assert call["weight_version"] == version_before
         mask = (batch["completion_mask"] * batch["tool_mask"]).bool()
         assert batch["completion_ids"][mask].tolist() == expected_tokens
         assert batch["sampling_per_token_logps"][mask].tolist() == pytest.approx(expected_logprobs, abs=1e-6)
@@ -145,6 +147,8 @@ def test_two_grpo_steps_with_real_agents(served, data_dir, tokenizer, tmp_path, 
         adv = batch["advantages"][mask]
         assert torch.all(adv.abs() <= 3.0 * max(abs(s["advantage"]) for s in saved) + 1e-6)
 
+    staleness = [e["staleness/1"] for e in trainer.state.log_history if "staleness/1" in e]
+    assert staleness == [0.0, 1.0]  # step 2's rows one version behind the trainer, which the IS ratio corrects
     # The sync reached the server: version advanced once (before step 2), and its logprobs moved with the trainer's.
     assert httpx.get(f"{served.url}/weights").json()["weight_version"] == version_before + 1
     trainer.sync_weights()
