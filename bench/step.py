@@ -209,7 +209,7 @@ def steps() -> dict[str, dict[str, float]]:
     for name, staleness in (("serial", 0), ("pipelined", 1)):
         logged = training_run(staleness, out / "tasks" / "train.jsonl", str(warm), out / name, script.serve_args)[1:]
         keys = ("time/step_s", "time/rollouts_s", "time/update_s", "time/model_busy_s")
-        means[name] = {k: statistics.fmean(s.get(k, 0.0) for s in logged) for k in keys}
+        means[name] = {k: statistics.fmean(s[k] for s in logged if k in s) for k in keys}  # update: when one ran
         means[name]["steps"] = len(logged)
     print(f"\n{'steps (2..' + str(STEPS) + ')':<14}{'step s':>8}{'waiting':>9}{'update':>8}{'busy':>7}{'n':>3}")
     for name, m in means.items():
