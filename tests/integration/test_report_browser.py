@@ -203,6 +203,7 @@ def fake_run(run: Path) -> Path:
             "sampling/skipped_update": m["skip"],
             "epoch": step / 4,
         } | {key: 10.0 * (k + 1) + step for k, key in enumerate(TIMES)}
+        logs |= {"time/model_busy_s": 8.0 + step, "time/agent_outside_calls_s": 0.5}
         if m["loss"] is not None:
             logs["loss"] = m["loss"]
         callback.on_log(None, state, None, logs=logs)
@@ -264,8 +265,11 @@ def test_run_report_in_chromium(tmp_path):
         "groups per step",
         "logprob gap |trainer - sampler|",
         "seconds per step",
+        "rollout time",
     }
     expected = {
+        "time/model_busy_s": 4,  # the rollout time's split, beside the rollouts' wall time
+        "time/agent_outside_calls_s": 4,
         "rewards/tests_pass/mean": 4,
         "rewards/patch_similarity/mean": 4,
         "rewards/non_empty_patch/mean": 4,
