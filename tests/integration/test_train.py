@@ -75,7 +75,8 @@ def test_two_grpo_steps_with_real_agents(served, data_dir, tokenizer, tmp_path, 
     from aitlrt.training.config import AgentGRPOConfig
 
     (task,) = load_tasks(data_dir / "swesmith_webargs" / "tasks.jsonl", ids={TASK}).tasks
-    dataset = Dataset.from_list([{"prompt": task.problem_statement, **task.as_row()}])
+    # the task twice: one epoch is two steps, so step 2 runs ahead (nothing runs ahead across an epoch's end)
+    dataset = Dataset.from_list([{"prompt": task.problem_statement, **task.as_row()}] * 2)
     config = AgentGRPOConfig(
         output_dir=str(tmp_path / "run"),
         proxy_url=served.url,

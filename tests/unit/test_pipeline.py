@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from aitlrt.common.workspace import workspaces_root
 from aitlrt.training.pipeline import BackgroundRolloutError
 from aitlrt.training.trainer import AgentGRPOTrainer
 from tests.helpers.multirank_run import tiny_trainer
@@ -87,15 +88,16 @@ def test_a_failure_of_the_rollouts_run_ahead_stops_training_with_its_reason(prox
 
     t = tiny_trainer(proxy, str(make_repo({"README": "tiny\n"})), str(tmp_path / "run"), tasks=4, max_steps=3,
                      trainer=Failing, **ONE_RANK)  # fmt: skip
+    root = workspaces_root()
+    before = set(root.glob(f"{os.getpid()}-pool-*"))  # other tests' trainers in this process may keep theirs
     started = time.monotonic()
     with pytest.raises(BackgroundRolloutError, match=r"step 2 failed.*virtualenv vanished"):
         t.train()
     assert t.state.global_step == 1
-    assert t._runner is not None
-    root = t._runner.pool.root
+    assert t._runner is not None and t._runner.pool.root == root
     t.close()
     assert time.monotonic() - started < 120
-    assert not list(root.glob(f"{os.getpid()}-pool-*"))  # no workspace left behind
+    assert set(root.glob(f"{os.getpid()}-pool-*")) <= before  # no workspace of this run left behind
 
 
 def test_a_resumed_pipelined_run_trains_every_batch_once(proxy, make_repo, tmp_path):
