@@ -196,9 +196,9 @@ class AgentGRPOTrainer(GRPOTrainer):
         self._prepared: Any = None
         self._weights_changed = False  # an update ran since the last sync
         self._curriculum: CurriculumSampler | None = None
-        graded = any(f in (tests_pass, tests_pass_fraction) for f in self.reward_funcs)
-        self._early_grader = EarlyGrader() if graded else None  # grades each rollout as it ends
-        self._ahead = RolloutsAhead() if self.args.max_staleness else None  # pipelined steps
+        self._early_grader: EarlyGrader | None = None  # grades each rollout as it ends
+        self._ahead: RolloutsAhead | None = None  # pipelined steps
+        self._start_background()
         self._peeked: tuple[Any, Any] | None = None  # (epoch iterator, the next step's generation batch)
         self._fused_part: dict[str, Any] | None = None  # the micro-batch whose loss forward computes it
 
@@ -274,8 +274,16 @@ class AgentGRPOTrainer(GRPOTrainer):
 
         return self._runner.run(requests, on_outcome=grade_early)
 
+    def _start_background(self) -> None:
+        """The background helpers: the early grader (when a reward runs the tests) and the rollouts run ahead
+        (``max_staleness`` 1); threads start on first use."""
+        graded = any(f in (tests_pass, tests_pass_fraction) for f in self.reward_funcs)
+        self._early_grader = EarlyGrader() if graded else None
+        self._ahead = RolloutsAhead() if self.args.max_staleness else None
+
     def close(self) -> None:
-        """Stop the agents and remove the idle workspaces (call when training is over)."""
+        """Wait for rollouts run ahead, stop the agents and remove the idle workspaces (call when training is over;
+        the trainer can train again after it)."""
         if self._ahead is not None:
             self._ahead.close()
         if self._runner is not None:
@@ -283,9 +291,9 @@ class AgentGRPOTrainer(GRPOTrainer):
             self._runner = None
         if self._early_grader is not None:
             self._early_grader.close()
-            self._early_grader = None
         if hasattr(self.agent, "close"):
             self.agent.close()
+        self._start_background()
 
     def _connect(self) -> None:
         """At the first generation: check that the server forces the config's sampling and, unless a sync comes
