@@ -19,6 +19,7 @@ gradient norm: updates that could not change a weight.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import statistics
@@ -158,6 +159,11 @@ def report(
     edit = statistics.fmean(results[s][2]["edit_rate"] for s in results)
     zero = sum(u[2] for u in updates.values())
     print(f"\nper-seed held-out reward gain of GRPO over the warm start: {', '.join(f'{g:+.3f}' for g in gains)}")
+    warm = [results[s][1]["reward"] for s in results]
+    if len(warm) > 1:  # the warm start is one checkpoint: its spread across seeds is the evaluation's own noise
+        noise = 2 * statistics.stdev(warm) * math.sqrt(2 / len(warm))  # 2 standard errors of the mean gain
+        print(f"evaluation noise: the warm start (one checkpoint) scored {min(warm):.3f}-{max(warm):.3f} across "
+              f"seeds; a mean gain within +/-{noise:.3f} is within 2 standard errors of that noise")  # fmt: skip
     print(f"checkpoints and task splits: {out}")
     gain_ok = all(g > 0 for g in gains) and statistics.fmean(gains) >= 0.05
     print(
