@@ -52,10 +52,6 @@ class RolloutsAhead:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rollouts-ahead")
         self._ahead: Ahead | None = None
 
-    @property
-    def running(self) -> bool:
-        return self._ahead is not None and not self._ahead.future.done()
-
     def start(self, inputs: list[dict[str, Any]], step: int, version: int, rollouts: Callable[[], Any]) -> None:
         """Run ``rollouts()`` (the outcomes of ``inputs``) in the background."""
         if self._ahead is not None:

@@ -59,23 +59,27 @@ def calls_reward(prompts, completions, completion_ids=None, **kwargs):
     return [c / 6 for c in kwargs["rollout_calls"]]
 
 
+def tiny_llama(vocab_size: int, max_positions: int) -> LlamaForCausalLM:
+    """A randomly initialised 2-layer Llama of width 32 (seeded)."""
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+    )
+    return LlamaForCausalLM(config)
+
+
 def tiny_trainer(
     proxy: str, repo: str, out: str, *, reward_funcs=None, peft_config=None, tasks: int = 2, trainer=None, **config
 ) -> AgentGRPOTrainer:
     """A tiny random Llama, ``tasks`` tasks on ``repo``, the counting agent, the scripted upstream behind ``proxy``
     (``reward_funcs``: default ``calls_reward``; ``peft_config``: trl's; ``trainer``: a subclass to build)."""
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=2048,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            max_position_embeddings=256,
-        )
-    )
+    model = tiny_llama(2048, 256)
     if config.get("beta") and peft_config is None:  # trl loads the reference model from the policy's name_or_path
         model.save_pretrained(Path(out) / "initial")
         model.config._name_or_path = str(Path(out) / "initial")

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 from trl import ModelConfig
 
 from aitlrt.cli.sft import main as sft_main
@@ -24,6 +23,7 @@ from aitlrt.warmstart.sft import (
     sft_parser,
     sft_trainer,
 )
+from tests.helpers.multirank_run import tiny_llama
 
 SYSTEM = "Act as an expert software developer.\nEvery *SEARCH/REPLACE block* must use this format: ..."
 ANSWER = (
@@ -56,23 +56,10 @@ def write(path: Path, *rows: dict | str) -> Path:
     return path
 
 
-def tiny_model(vocab_size: int) -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-    )
-    return LlamaForCausalLM(config)
-
-
 def test_loss_only_on_the_assistant_answer_and_its_end_of_turn(tokenizer, tmp_path):
     rows = load_sft_rows(write(tmp_path / "t.jsonl", line()))
-    trainer = sft_trainer(rows, tiny_model(len(tokenizer)), tokenizer, WarmStartSFTConfig(output_dir=str(tmp_path)))
+    config = WarmStartSFTConfig(output_dir=str(tmp_path))
+    trainer = sft_trainer(rows, tiny_llama(len(tokenizer), 4096), tokenizer, config)
     example = trainer.train_dataset[0]
     ids, labels = example["input_ids"], example["labels"]
     prompt = rows[0]["prompt"]
@@ -95,7 +82,7 @@ def test_settings_that_would_train_on_the_prompt_are_refused(tokenizer, tmp_path
     rows = load_sft_rows(write(tmp_path / "t.jsonl", line()))
     config = WarmStartSFTConfig(output_dir=str(tmp_path), **setting)
     with pytest.raises(ValueError, match="applied answer only"):
-        sft_trainer(rows, tiny_model(len(tokenizer)), tokenizer, config)
+        sft_trainer(rows, tiny_llama(len(tokenizer), 4096), tokenizer, config)
 
 
 def test_longer_rows_are_dropped_and_counted_and_the_rest_keep_their_completion(tokenizer, tmp_path):
@@ -107,7 +94,7 @@ def test_longer_rows_are_dropped_and_counted_and_the_rest_keep_their_completion(
     kept, dropped = fitting_rows(rows, tokenizer, limit)
     assert (kept, dropped) == ([rows[1]], 2)
     config = WarmStartSFTConfig(output_dir=str(tmp_path), max_length=limit)
-    example = sft_trainer(kept, tiny_model(len(tokenizer)), tokenizer, config).train_dataset[0]
+    example = sft_trainer(kept, tiny_llama(len(tokenizer), 4096), tokenizer, config).train_dataset[0]
     assert len(example["input_ids"]) == limit
     assert tokenizer.decode([t for t in example["labels"] if t != -100]) == ANSWER + "<|im_end|>\n"
     with pytest.raises(SftDataError, match="every one of the 3 rows is longer than max_length"):
