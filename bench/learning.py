@@ -14,6 +14,12 @@ Everything stays under the folder printed at the start (task splits, warm start,
 its metrics and the held-out rollouts), so the checkpoints can be evaluated elsewhere with ``aitlrt eval``.
 ``zero_loss_updates`` counts the GRPO optimizer updates that ran (not skipped by dynamic sampling) with a zero
 gradient norm: updates that could not change a weight.
+
+Choosing a recipe change is done on the training tasks only, never on the held-out ones:
+``python bench/learning.py --validate "--learning_rate 2e-5 --max_steps 8" --validate "..."`` splits the *training*
+tasks again the same way (a validation file never trained on), makes a warm start on the rest, runs one GRPO per
+``--validate`` (each string: ``aitlrt/train.py`` arguments over the recipe's), and scores the warm start and every
+run on the validation tasks with ``VALIDATION_ROLLOUTS`` rollouts per task. It prints a table and no TARGET line.
 """
 
 from __future__ import annotations
@@ -26,13 +32,17 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 CONFIG = ROOT / "configs" / "cpu_demo.yaml"
 SEEDS = tuple(int(s) for s in os.environ.get("AITLRT_BENCH_SEEDS", "0,1,2").split(","))
 """Seeds 0, 1, 2; ``AITLRT_BENCH_SEEDS=1`` (a comma-separated list) for a partial run."""
+VALIDATION_ROLLOUTS = 4
+"""Rollouts per validation task and checkpoint in ``--validate`` mode."""
 LABELS = ("base", "warm start", "warm start + GRPO")
 COLUMNS = (("edit", "edit_rate"), ("simil.", "patch_similarity"), ("resolve", "tests_pass"), ("reward", "reward"))
 
@@ -42,7 +52,9 @@ def write_rows(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def grpo(seed: int, tasks: Path, warm: Path, out: Path, serve_args: str) -> tuple[int, int, int]:
+def grpo(
+    seed: int, tasks: Path, warm: Path, out: Path, serve_args: str, extra: Sequence[str] = ()
+) -> tuple[int, int, int]:
     """``aitlrt/train.py`` on the training tasks from the warm start; (updates, skipped, zero-gradient updates)."""
     cmd = [
         sys.executable,
@@ -65,6 +77,7 @@ def grpo(seed: int, tasks: Path, warm: Path, out: Path, serve_args: str) -> tupl
         "no",
         "--serve_args",
         f"{serve_args} --seed {seed}",
+        *extra,
     ]
     print(f"[bench] seed {seed}: GRPO -> {out} (log {out}.log)", flush=True)
     with open(f"{out}.log", "w") as log:
@@ -79,6 +92,8 @@ def grpo(seed: int, tasks: Path, warm: Path, out: Path, serve_args: str) -> tupl
 
 
 def main() -> None:
+    import argparse
+
     from trl import ModelConfig, TrlParser
 
     from aitlrt.common.logs import setup_logging
@@ -92,14 +107,19 @@ def main() -> None:
     from aitlrt.training.dataset import load_task_rows
     from aitlrt.warmstart.recipe import warm_start
 
+    cli = argparse.ArgumentParser(description=__doc__.partition("\n\n")[0])
+    cli.add_argument("--validate", action="append", default=[], metavar="ARGS", help="train.py arguments to compare")
+    validating = cli.parse_args().validate
     setup_logging()
     started = time.monotonic()
     parser = TrlParser((AgentScriptArguments, AgentGRPOConfig, ModelConfig))  # type: ignore[arg-type]
     script, config, model_args = parser.parse_args_and_config(["--config", str(CONFIG), "--output_dir", "/tmp/x"])
-    out = ROOT / "runs" / "bench_learning" / time.strftime("%Y%m%d-%H%M%S")
+    out = ROOT / "runs" / ("bench_validate" if validating else "bench_learning") / time.strftime("%Y%m%d-%H%M%S")
     print(f"[bench] everything goes to {out}", flush=True)
     rows = load_task_rows(script)
     train, heldout = split_heldout(rows, script.heldout_share, script.heldout_files, script.heldout_seed)
+    if validating:  # the held-out tasks are set aside unseen; the training tasks are split again
+        train, heldout = split_heldout(train, script.heldout_share, (), script.heldout_seed)
     write_rows(out / "tasks" / "train.jsonl", train)
     write_rows(out / "tasks" / "heldout.jsonl", heldout)
     print(f"[bench] {len(train)} training tasks, {len(heldout)} held-out tasks", flush=True)
@@ -114,6 +134,9 @@ def main() -> None:
     weights = dict(zip(names, config.reward_weights or [1.0] * len(names), strict=True))
     funcs = reward_funcs(names)
     prepared = prepare_rows(heldout)
+    if validating:
+        validate(validating, out, warm, prepared, funcs, weights, script, config)
+        return
     eval_settings = config.rollout_settings(script.heldout_rollouts)
     results: dict[int, list[dict[str, float]]] = {}
     updates: dict[int, tuple[int, int, int]] = {}
@@ -141,6 +164,52 @@ def main() -> None:
         results[seed] = [r.summary for r in evaluated]
         print(f"[bench] seed {seed}: held-out evaluation in {run / 'heldout'}", flush=True)
     report(results, updates, out, (time.monotonic() - started) / 60)
+
+
+def validate(
+    variants: Sequence[str],
+    out: Path,
+    warm: Path,
+    prepared: Sequence[Any],
+    funcs: dict[str, Any],
+    weights: dict[str, float],
+    script: Any,
+    config: Any,
+) -> None:
+    """One GRPO run (seed 0) per variant on the split's training part; all scored beside the warm start."""
+    from aitlrt.evaluation.checkpoints import evaluate, write_results
+    from aitlrt.evaluation.scoring import summarise
+
+    settings = config.rollout_settings(VALIDATION_ROLLOUTS)
+    runs = []
+    for i, variant in enumerate(variants):
+        t0 = time.monotonic()
+        run = out / f"variant{i}"
+        done = grpo(0, out / "tasks" / "train.jsonl", warm, run, script.serve_args, shlex.split(variant))
+        print(f"[bench] variant {i} ({variant}): {done[0]} updates, {done[1]} skipped, "
+              f"{time.monotonic() - t0:.0f} s", flush=True)  # fmt: skip
+        runs.append(run)
+    evaluated = evaluate(
+        [str(warm), *map(str, runs)],
+        prepared,
+        settings,
+        funcs,
+        serve_dir=out / "eval-serve",
+        max_tokens=config.max_completion_length or 256,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        serve_args=[*shlex.split(script.serve_args), "--seed", "0"],
+    )
+    for label, result in zip(["warm start", *variants], evaluated, strict=True):
+        result.label = label
+        result.summary = summarise(result.batch, result.rewards, weights)
+    write_results(evaluated, out / "validation", weights=weights)
+    print(f"\n{'checkpoint':<48}" + "".join(f"{name:>9}" for name, _ in COLUMNS) + f"{'gain':>9}")
+    for result in evaluated:
+        gain = result.summary["reward"] - evaluated[0].summary["reward"]
+        cells = "".join(f"{result.summary[key]:>9.3f}" for _, key in COLUMNS)
+        print(f"{result.label[:47]:<48}{cells}{gain:>+9.3f}")
+    print(f"validation: {len(prepared)} tasks x {settings.n} rollouts; everything under {out}")
 
 
 def report(
