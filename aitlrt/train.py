@@ -85,7 +85,7 @@ def run(
     from aitlrt.rewards.builtin import REWARDS
     from aitlrt.serving.process import ServeProcess, managed_server
     from aitlrt.tasks.loader import TaskLoadError
-    from aitlrt.tasks.split import split_heldout
+    from aitlrt.tasks.split import split_heldout, split_warm_start
     from aitlrt.training.dataset import load_task_rows
     from aitlrt.training.trainer import AgentGRPOTrainer
 
@@ -109,8 +109,14 @@ def run(
             raise SystemExit(f"aitlrt train: {exc}") from None
         log.info("%d training tasks, %d held out", len(rows), len(heldout))
     if script.warm_start != "none":
+        try:
+            warm_rows, rows = split_warm_start(rows, script.warm_start_share, script.heldout_seed)
+        except ValueError as exc:
+            raise SystemExit(f"aitlrt train: {exc}") from None
+        if script.warm_start_share < 1:
+            log.info("warm start on %d training tasks, GRPO on the %d others", len(warm_rows), len(rows))
         with state.main_process_first():
-            model_path = warm_start_model(script, config, rows, model_path)
+            model_path = warm_start_model(script, config, warm_rows, model_path)
     server: contextlib.AbstractContextManager[ServeProcess | None] = contextlib.nullcontext()
     if script.serve == "managed":
         if state.num_processes > 1 and not config.proxy_url:

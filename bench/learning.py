@@ -67,6 +67,8 @@ def grpo(
         "0",
         "--warm_start",
         "none",
+        "--warm_start_share",
+        "1",
         "--model_name_or_path",
         str(warm),
         "--seed",
@@ -102,10 +104,8 @@ def main() -> None:
     from aitlrt.evaluation.heldout import prepare_rows
     from aitlrt.evaluation.scoring import reward_funcs, summarise
     from aitlrt.tasks.split import split_heldout
-    from aitlrt.tasks.task import task_from_row
     from aitlrt.training.config import AgentGRPOConfig, AgentScriptArguments
     from aitlrt.training.dataset import load_task_rows
-    from aitlrt.warmstart.recipe import warm_start
 
     cli = argparse.ArgumentParser(description=__doc__.partition("\n\n")[0])
     cli.add_argument("--validate", action="append", default=[], metavar="ARGS", help="train.py arguments to compare")
@@ -114,7 +114,10 @@ def main() -> None:
     started = time.monotonic()
     parser = TrlParser((AgentScriptArguments, AgentGRPOConfig, ModelConfig))  # type: ignore[arg-type]
     script, config, model_args = parser.parse_args_and_config(["--config", str(CONFIG), "--output_dir", "/tmp/x"])
-    out = ROOT / "runs" / ("bench_validate" if validating else "bench_learning") / time.strftime("%Y%m%d-%H%M%S")
+    out = Path(
+        os.environ.get("AITLRT_BENCH_OUT")
+        or ROOT / "runs" / ("bench_validate" if validating else "bench_learning") / time.strftime("%Y%m%d-%H%M%S")
+    )
     print(f"[bench] everything goes to {out}", flush=True)
     rows = load_task_rows(script)
     train, heldout = split_heldout(rows, script.heldout_share, script.heldout_files, script.heldout_seed)
@@ -123,20 +126,15 @@ def main() -> None:
     write_rows(out / "tasks" / "train.jsonl", train)
     write_rows(out / "tasks" / "heldout.jsonl", heldout)
     print(f"[bench] {len(train)} training tasks, {len(heldout)} held-out tasks", flush=True)
-    settings = config.rollout_settings()
     base = resolve_model(model_args.model_name_or_path or "bundled")
-    t0 = time.monotonic()
-    warm = warm_start(
-        script.warm_start, [task_from_row(r) for r in train], base, settings, shlex.split(script.warm_start_args)
-    )
-    print(f"[bench] warm start {warm} ({time.monotonic() - t0:.0f} s)", flush=True)
     names = list(script.rewards)
     weights = dict(zip(names, config.reward_weights or [1.0] * len(names), strict=True))
     funcs = reward_funcs(names)
     prepared = prepare_rows(heldout)
     if validating:
-        validate(validating, out, warm, prepared, funcs, weights, script, config)
+        validate(validating, out, train, base, prepared, funcs, weights, script, config)
         return
+    warm, rl_tasks = warm_and_rl(train, script.warm_start_share, out, base, script, config)
     eval_settings = config.rollout_settings(script.heldout_rollouts)
     results: dict[int, list[dict[str, float]]] = {}
     updates: dict[int, tuple[int, int, int]] = {}
@@ -144,7 +142,7 @@ def main() -> None:
         run = out / f"seed{seed}"
         run.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
-        updates[seed] = grpo(seed, out / "tasks" / "train.jsonl", warm, run / "grpo", script.serve_args)
+        updates[seed] = grpo(seed, rl_tasks, warm, run / "grpo", script.serve_args)
         print(f"[bench] seed {seed}: GRPO done in {time.monotonic() - t0:.0f} s", flush=True)
         evaluated = evaluate(
             [base, str(warm), str(run / "grpo")],
@@ -166,33 +164,67 @@ def main() -> None:
     report(results, updates, out, (time.monotonic() - started) / 60)
 
 
+def warm_and_rl(train: list[dict], share: float, out: Path, base: str, script: Any, config: Any) -> tuple[Path, Path]:
+    """The warm start (cached) on ``share`` of the training tasks (``split_warm_start``) and the file of the tasks
+    GRPO trains on."""
+    from aitlrt.tasks.split import split_warm_start
+    from aitlrt.tasks.task import task_from_row
+    from aitlrt.warmstart.recipe import warm_start
+
+    warm_rows, rl_rows = split_warm_start(train, share, script.heldout_seed)
+    rl_tasks = out / "tasks" / ("train.jsonl" if share == 1 else f"rl-{share:g}.jsonl")
+    write_rows(rl_tasks, rl_rows)
+    t0 = time.monotonic()
+    flags = shlex.split(script.warm_start_args)
+    warm = warm_start(script.warm_start, [task_from_row(r) for r in warm_rows], base, config.rollout_settings(), flags)
+    print(f"[bench] warm start on {len(warm_rows)} tasks, GRPO on {len(rl_rows)}: {warm} "
+          f"({time.monotonic() - t0:.0f} s)", flush=True)  # fmt: skip
+    return warm, rl_tasks
+
+
 def validate(
     variants: Sequence[str],
     out: Path,
-    warm: Path,
+    train: list[dict],
+    base: str,
     prepared: Sequence[Any],
     funcs: dict[str, Any],
     weights: dict[str, float],
     script: Any,
     config: Any,
 ) -> None:
-    """One GRPO run (seed 0) per variant on the split's training part; all scored beside the warm start."""
+    """One GRPO run (seed 0) per variant on the split's training part, each from the warm start of its
+    ``--warm_start_share``; all scored beside their warm starts. A variant whose run is already in ``out``
+    (``AITLRT_BENCH_OUT``) is not run again."""
+    import argparse
+    import hashlib
+
     from aitlrt.evaluation.checkpoints import evaluate, write_results
     from aitlrt.evaluation.scoring import summarise
 
-    settings = config.rollout_settings(VALIDATION_ROLLOUTS)
-    runs = []
-    for i, variant in enumerate(variants):
-        t0 = time.monotonic()
-        run = out / f"variant{i}"
-        done = grpo(0, out / "tasks" / "train.jsonl", warm, run, script.serve_args, shlex.split(variant))
-        print(f"[bench] variant {i} ({variant}): {done[0]} updates, {done[1]} skipped, "
-              f"{time.monotonic() - t0:.0f} s", flush=True)  # fmt: skip
-        runs.append(run)
+    share_flag = argparse.ArgumentParser(add_help=False)
+    share_flag.add_argument("--warm_start_share", type=float, default=script.warm_start_share)
+    checkpoints: dict[str, str] = {}  # label -> weights
+    warm_of: dict[str, str] = {}  # variant -> its warm start's label
+    for variant in variants:
+        known, rest = share_flag.parse_known_args(shlex.split(variant))
+        warm, rl_tasks = warm_and_rl(train, known.warm_start_share, out, base, script, config)
+        warm_label = f"warm start (share {known.warm_start_share:g})"
+        checkpoints.setdefault(warm_label, str(warm))
+        run = out / f"variant-{hashlib.sha1(variant.encode()).hexdigest()[:8]}"
+        if (run / "config.json").exists():
+            print(f"[bench] variant {variant!r}: kept from {run}", flush=True)
+        else:
+            t0 = time.monotonic()
+            done = grpo(0, rl_tasks, warm, run, script.serve_args, rest)
+            print(f"[bench] variant {variant!r}: {done[0]} updates, {done[1]} skipped, "
+                  f"{time.monotonic() - t0:.0f} s", flush=True)  # fmt: skip
+        checkpoints[variant or "(the recipe)"] = str(run)
+        warm_of[variant or "(the recipe)"] = warm_label
     evaluated = evaluate(
-        [str(warm), *map(str, runs)],
+        list(checkpoints.values()),
         prepared,
-        settings,
+        config.rollout_settings(VALIDATION_ROLLOUTS),
         funcs,
         serve_dir=out / "eval-serve",
         max_tokens=config.max_completion_length or 256,
@@ -200,16 +232,16 @@ def validate(
         top_p=config.top_p,
         serve_args=[*shlex.split(script.serve_args), "--seed", "0"],
     )
-    for label, result in zip(["warm start", *variants], evaluated, strict=True):
+    summaries = {}
+    for label, result in zip(checkpoints, evaluated, strict=True):
         result.label = label
-        result.summary = summarise(result.batch, result.rewards, weights)
+        result.summary = summaries[label] = summarise(result.batch, result.rewards, weights)
     write_results(evaluated, out / "validation", weights=weights)
-    print(f"\n{'checkpoint':<48}" + "".join(f"{name:>9}" for name, _ in COLUMNS) + f"{'gain':>9}")
-    for result in evaluated:
-        gain = result.summary["reward"] - evaluated[0].summary["reward"]
-        cells = "".join(f"{result.summary[key]:>9.3f}" for _, key in COLUMNS)
-        print(f"{result.label[:47]:<48}{cells}{gain:>+9.3f}")
-    print(f"validation: {len(prepared)} tasks x {settings.n} rollouts; everything under {out}")
+    print(f"\n{'checkpoint':<52}" + "".join(f"{name:>9}" for name, _ in COLUMNS) + f"{'gain':>9}")
+    for label, summary in summaries.items():
+        gain = f"{summary['reward'] - summaries[warm_of[label]]['reward']:>+9.3f}" if label in warm_of else ""
+        print(f"{label[:51]:<52}" + "".join(f"{summary[key]:>9.3f}" for _, key in COLUMNS) + gain)
+    print(f"validation: {len(prepared)} tasks x {VALIDATION_ROLLOUTS} rollouts; everything under {out}")
 
 
 def report(

@@ -48,19 +48,41 @@ def split_heldout(
     unknown = [f for f in files if f not in by_file]
     if unknown:
         raise ValueError(f"held-out files {unknown} have no task (files with tasks: {sorted(by_file)})")
-    held = {fn for f in files for fn in by_file[f]}
+    held = _draw_functions(rows, {fn for f in files for fn in by_file[f]}, share, seed)
+    train = [r for r in rows if task_function(r) not in held]
+    heldout = [r for r in rows if task_function(r) in held]
+    if not train:
+        raise ValueError("the held-out split left no training task")
+    return train, heldout
+
+
+def split_warm_start(
+    rows: Sequence[dict[str, Any]], share: float, seed: int = 0
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(warm_start, rl)``: whole mutated functions, drawn with ``seed``, until about ``share`` of the training tasks
+    are the warm start's; RL gets the others, whose fixes the warm start has not seen. ``share`` 1: both get all."""
+    if not 0.0 < share <= 1.0:
+        raise ValueError(f"a warm-start share must be in (0, 1], got {share}")
+    if share == 1.0:
+        return list(rows), list(rows)
+    if len({task_function(r) for r in rows}) < 2:
+        raise ValueError("a warm-start split needs tasks of at least two mutated functions")
+    warm = _draw_functions(rows, set(), share, seed)
+    return [r for r in rows if task_function(r) in warm], [r for r in rows if task_function(r) not in warm]
+
+
+def _draw_functions(rows: Sequence[dict[str, Any]], held: set[str], share: float, seed: int) -> set[str]:
+    """``held`` and whole mutated functions, shuffled with ``seed``, until about ``share`` of ``rows`` are in it;
+    at least one function stays out."""
     counts: dict[str, int] = defaultdict(int)
     for row in rows:
         counts[task_function(row)] += 1
     others = sorted(fn for fn in counts if fn not in held)
     random.Random(seed).shuffle(others)
     target = round(share * len(rows))
+    held = set(held)
     for fn in others:
         if sum(counts[f] for f in held) >= target or len(held) + 1 > len(counts) - 1:
             break
         held.add(fn)
-    train = [r for r in rows if task_function(r) not in held]
-    heldout = [r for r in rows if task_function(r) in held]
-    if not train:
-        raise ValueError("the held-out split left no training task")
-    return train, heldout
+    return held

@@ -298,3 +298,21 @@ class AgentScriptArguments:
     warm_start_args: str = field(
         default="", metadata={"help": "extra `aitlrt sft` flags for the warm start, e.g. '--num_train_epochs 3'"}
     )
+    warm_start_share: float = field(
+        default=1.0,
+        metadata={
+            "help": "with warm_start 'oracle': the share of the training tasks (whole mutated functions, drawn with "
+            "heldout_seed) whose oracle trajectories make the warm start; below 1, GRPO trains on the other tasks "
+            "only, code whose fix the warm start has not seen (on its own tasks RL mostly rewards recalling "
+            "memorised fixes); 1: both use every training task"
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.warm_start_share <= 1.0:
+            raise ValueError(f"warm_start_share must be in (0, 1], got {self.warm_start_share}")
+        if self.warm_start_share < 1.0 and self.warm_start != "oracle":
+            raise ValueError(
+                f"warm_start_share {self.warm_start_share} splits the tasks for warm_start 'oracle'; "
+                f"with warm_start {self.warm_start!r} set it to 1"
+            )

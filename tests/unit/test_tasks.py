@@ -189,3 +189,24 @@ def test_heldout_split_shares_no_function_and_holds_out_a_whole_file():
     assert {r["instance_id"] for r in heldout} == {"t3", "t4", "t7"}
     with pytest.raises(ValueError, match="no task"):
         split_heldout(rows, 0.2, heldout_files=["z.py"])
+
+
+def test_warm_start_split_gives_rl_the_functions_the_warm_start_never_saw():
+    from aitlrt.tasks.split import split_warm_start, task_function
+    from aitlrt.training.config import AgentScriptArguments
+
+    rows = [
+        {"instance_id": f"t{i}", "files": ["a.py"], "mutation": f"a.py: changed `<` to `>` in {fn} (line 3)"}
+        for i, fn in enumerate("ffgghkkmnp")
+    ]
+    warm, rl = split_warm_start(rows, 0.5, seed=3)
+    assert {task_function(r) for r in warm}.isdisjoint(task_function(r) for r in rl)
+    assert len(warm) + len(rl) == len(rows) and 4 <= len(warm) <= 6
+    assert split_warm_start(rows, 0.5, seed=3) == (warm, rl), "deterministic per seed"
+    assert split_warm_start(rows, 1.0) == (rows, rows), "share 1: warm start and RL both get every task"
+    with pytest.raises(ValueError, match="two mutated functions"):
+        split_warm_start(rows[:2], 0.5)
+    with pytest.raises(ValueError, match=r"warm_start 'oracle'"):
+        AgentScriptArguments(warm_start="trajectories.jsonl", warm_start_share=0.5)
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        AgentScriptArguments(warm_start="oracle", warm_start_share=0.0)
