@@ -17,6 +17,9 @@ pipelined steps on the embedded defaults. ``python bench/step.py`` (no arguments
    for rollouts, the update, and the model server's busy time (the union of the recorded calls, at the proxy).
    ``rollout_overhead``: the serial run's rollout wall time over the server's busy time for the same calls.
    ``trainer_idle``: the share of the pipelined steps the trainer spent waiting for rollouts.
+   The machine's limit: the share of the CPU left idle during the serial run's steps (``/proc/stat``, sampled every
+   second). Overlapping can at best fill that idle time, so on this machine pipelined ÷ serial step time cannot go
+   below 1 - idle share, whatever the pipelining does.
 
 Runs go under ``runs/bench_step/<time>/``.
 """
@@ -30,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -169,19 +173,61 @@ def update_vs_bare() -> float:
     return tokens / medians["AITLRT"] / bare
 
 
-def training_run(staleness: int, tasks: Path, warm: str, out: Path, serve_args: str) -> list[dict]:
-    """``aitlrt/train.py`` for ``STEPS`` steps with ``max_staleness``; its logged steps."""
+class CpuSampler:
+    """``/proc/stat``'s (idle, total) jiffies every second in a thread, stamped with the wall clock."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, int, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+            self.samples.append((time.time(), fields[3] + fields[4], sum(fields[:8])))  # idle + iowait; no guests
+            if self._stop.wait(1.0):
+                return
+
+    def idle_share(self, start: float, end: float) -> float:
+        """The share of all cores' time left idle between two wall-clock times."""
+        inside = [s for s in self.samples if start <= s[0] <= end]
+        if len(inside) < 2:
+            return float("nan")
+        return (inside[-1][1] - inside[0][1]) / max(1, inside[-1][2] - inside[0][2])
+
+
+def training_run(
+    staleness: int, tasks: Path, warm: str, out: Path, serve_args: str, cpu: CpuSampler | None = None
+) -> list[dict]:
+    """``aitlrt/train.py`` for ``STEPS`` steps with ``max_staleness``; its logged steps, the steps after the first
+    carrying ``cpu/idle_share`` (their window: the last step's log back by their summed step times)."""
     cmd = [sys.executable, str(ROOT / "aitlrt" / "train.py"), "--config", str(CONFIG), "--tasks", str(tasks),
            "--heldout_share", "0", "--warm_start", "none", "--model_name_or_path", warm, "--max_steps", str(STEPS),
-           "--max_staleness", str(staleness), "--seed", "0", "--output_dir", str(out), "--save_strategy", "no",
+           "--max_staleness", str(staleness), "--seed", "0", "--warm_start_share", "1", "--output_dir", str(out),
+           "--save_strategy", "no",
            "--serve_args", f"{serve_args} --seed 0"]  # fmt: skip
     print(f"steps: max_staleness {staleness} -> {out} (log {out}.log)", flush=True)
     with open(f"{out}.log", "w") as log:
         done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     if done.returncode:
         raise SystemExit(f"the run with max_staleness {staleness} failed ({done.returncode}): see {out}.log")
-    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return [s for s in logged if "time/step_s" in s]
+    metrics = out / "metrics.jsonl"
+    logged = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    logged = [s for s in logged if "time/step_s" in s]
+    if cpu is not None and len(logged) > 1:
+        end = metrics.stat().st_mtime
+        idle = cpu.idle_share(end - sum(s["time/step_s"] for s in logged[1:]), end)
+        for s in logged[1:]:
+            s["cpu/idle_share"] = idle
+    return logged
 
 
 def steps() -> dict[str, dict[str, float]]:
@@ -189,7 +235,7 @@ def steps() -> dict[str, dict[str, float]]:
     from trl import ModelConfig, TrlParser
 
     from aitlrt.common.logs import setup_logging
-    from aitlrt.tasks.split import split_heldout
+    from aitlrt.tasks.split import split_heldout, split_warm_start
     from aitlrt.tasks.task import task_from_row
     from aitlrt.training.config import AgentGRPOConfig, AgentScriptArguments
     from aitlrt.training.dataset import load_task_rows
@@ -200,21 +246,27 @@ def steps() -> dict[str, dict[str, float]]:
     script, config, model_args = parser.parse_args_and_config(["--config", str(CONFIG), "--output_dir", "/tmp/x"])
     out = ROOT / "runs" / "bench_step" / time.strftime("%Y%m%d-%H%M%S")
     train, _ = split_heldout(load_task_rows(script), script.heldout_share, script.heldout_files, script.heldout_seed)
-    (out / "tasks").mkdir(parents=True)
-    (out / "tasks" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train))
+    warm_rows, rl_rows = split_warm_start(train, script.warm_start_share, script.heldout_seed)
+    rl_tasks = out / "tasks" / "train.jsonl"
+    rl_tasks.parent.mkdir(parents=True)
+    rl_tasks.write_text("".join(json.dumps(r) + "\n" for r in rl_rows))
     base = resolve_model(model_args.model_name_or_path or "bundled")
-    tasks = [task_from_row(r) for r in train]
+    tasks = [task_from_row(r) for r in warm_rows]
     warm = warm_start(script.warm_start, tasks, base, config.rollout_settings(), shlex.split(script.warm_start_args))
     means = {}
     for name, staleness in (("serial", 0), ("pipelined", 1)):
-        logged = training_run(staleness, out / "tasks" / "train.jsonl", str(warm), out / name, script.serve_args)[1:]
-        keys = ("time/step_s", "time/rollouts_s", "time/update_s", "time/model_busy_s")
+        with CpuSampler() as cpu:
+            logged = training_run(staleness, rl_tasks, str(warm), out / name, script.serve_args, cpu)[1:]
+        keys = ("time/step_s", "time/rollouts_s", "time/update_s", "time/model_busy_s", "cpu/idle_share")
         means[name] = {k: statistics.fmean(s[k] for s in logged if k in s) for k in keys}  # update: when one ran
         means[name]["steps"] = len(logged)
-    print(f"\n{'steps (2..' + str(STEPS) + ')':<14}{'step s':>8}{'waiting':>9}{'update':>8}{'busy':>7}{'n':>3}")
+    header = f"{'steps (2..' + str(STEPS) + ')':<14}{'step s':>8}{'waiting':>9}{'update':>8}{'busy':>7}{'idle':>7}"
+    print(f"\n{header}{'n':>3}")
     for name, m in means.items():
         print(f"{name:<14}{m['time/step_s']:>8.1f}{m['time/rollouts_s']:>9.1f}{m['time/update_s']:>8.1f}"
-              f"{m['time/model_busy_s']:>7.1f}{m['steps']:>3.0f}")  # fmt: skip
+              f"{m['time/model_busy_s']:>7.1f}{m['cpu/idle_share']:>7.2f}{m['steps']:>3.0f}")  # fmt: skip
+    print(f"the machine's limit: the serial steps left {means['serial']['cpu/idle_share']:.0%} of the CPU idle, so "
+          f"no overlap can bring pipelined/serial below {1 - means['serial']['cpu/idle_share']:.2f} here")  # fmt: skip
     return means
 
 
