@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -232,27 +231,21 @@ def training_run(
 
 def steps() -> dict[str, dict[str, float]]:
     """Serial and pipelined runs; per mode the means over the steps after the first."""
+    from learning import warm_and_rl  # bench/learning.py: the recipe's warm start and its GRPO tasks
     from trl import ModelConfig, TrlParser
 
     from aitlrt.common.logs import setup_logging
-    from aitlrt.tasks.split import split_heldout, split_warm_start
-    from aitlrt.tasks.task import task_from_row
+    from aitlrt.tasks.split import split_heldout
     from aitlrt.training.config import AgentGRPOConfig, AgentScriptArguments
     from aitlrt.training.dataset import load_task_rows
-    from aitlrt.warmstart.recipe import warm_start
 
     setup_logging()
     parser = TrlParser((AgentScriptArguments, AgentGRPOConfig, ModelConfig))  # type: ignore[arg-type]
     script, config, model_args = parser.parse_args_and_config(["--config", str(CONFIG), "--output_dir", "/tmp/x"])
     out = ROOT / "runs" / "bench_step" / time.strftime("%Y%m%d-%H%M%S")
     train, _ = split_heldout(load_task_rows(script), script.heldout_share, script.heldout_files, script.heldout_seed)
-    warm_rows, rl_rows = split_warm_start(train, script.warm_start_share, script.heldout_seed)
-    rl_tasks = out / "tasks" / "train.jsonl"
-    rl_tasks.parent.mkdir(parents=True)
-    rl_tasks.write_text("".join(json.dumps(r) + "\n" for r in rl_rows))
     base = resolve_model(model_args.model_name_or_path or "bundled")
-    tasks = [task_from_row(r) for r in warm_rows]
-    warm = warm_start(script.warm_start, tasks, base, config.rollout_settings(), shlex.split(script.warm_start_args))
+    warm, rl_tasks = warm_and_rl(train, script.warm_start_share, out, base, script, config)
     means = {}
     for name, staleness in (("serial", 0), ("pipelined", 1)):
         with CpuSampler() as cpu:
