@@ -16,7 +16,7 @@ into its own weight, gets it as trl's ``importance_sampling_ratio`` instead. On-
 generation) with a token-level mode, the ratio comes from the loss forward's own logprobs, detached (the policy at the
 start of the update is the one trl's ``old_per_token_logps`` would hold), so no separate no-grad forward runs; else
 ``_batch`` runs that forward first, as trl does. The LM head sees only the scored positions
-(``aitlrt.training.logprobs``).
+(``aitlrt.common.lm_head``).
 
 A rollout weighs in the loss as one of trl's completions, however many rows it became and however many
 zero-loss padding rows its rank got (``_rollout_weights`` scales the rows' advantages):
@@ -60,6 +60,7 @@ from trl import GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import nanmax, nanmin, pad, use_adapter
 
+from aitlrt.common.lm_head import scored_positions_only
 from aitlrt.rewards.builtin import EarlyGrader, tests_pass, tests_pass_fraction
 from aitlrt.rewards.inputs import reward_row
 from aitlrt.rollout.agents import AgentTask, make_agent
@@ -70,7 +71,6 @@ from aitlrt.tasks.task import Task, task_from_row
 from aitlrt.training.advantages import rollout_advantages
 from aitlrt.training.config import ROW_NORMALISED_LOSSES, AgentGRPOConfig
 from aitlrt.training.curriculum import CurriculumSampler
-from aitlrt.training.logprobs import scored_positions_only
 from aitlrt.training.pipeline import RolloutsAhead, Taken
 from aitlrt.training.probe import check_sampling, make_weight_probe
 from aitlrt.training.rows import Row, RowStats, build_rows

@@ -19,8 +19,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
+from accelerate.utils import is_peft_model
 from transformers import TrainerCallback
-from trl import ModelConfig, SFTConfig, TrlParser
+from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser
+
+from aitlrt.common.lm_head import scored_positions_only
 
 if TYPE_CHECKING:
     from peft import PeftConfig
@@ -33,7 +36,6 @@ if TYPE_CHECKING:
         TrainerState,
         TrainingArguments,
     )
-    from trl import SFTTrainer
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +184,24 @@ def fitting_rows(
     return kept, dropped
 
 
+class CompletionHeadSFTTrainer(SFTTrainer):
+    """trl's ``SFTTrainer`` whose LM head sees only the positions from the one predicting the first labelled token
+    on (``scored_positions_only``): loss, gradients, entropy and accuracy unchanged. An Aider row is ~97% prompt
+    (~3,000 prompt tokens for a ~80-token answer), and on CPU trl's fused head projects every position."""
+
+    def compute_loss(
+        self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None
+    ) -> Any:
+        labels = inputs.get("labels")
+        labelled = (labels != -100).any(dim=0).nonzero() if labels is not None and labels.dim() == 2 else None
+        if return_outputs or labelled is None or not len(labelled) or int(labelled[0]) == 0:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        head = self.accelerator.unwrap_model(model)
+        head = head.get_base_model() if is_peft_model(head) else head
+        with scored_positions_only(head, labels.shape[1] - int(labelled[0])):
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+
 def sft_trainer(
     rows: list[dict[str, list[dict[str, str]]]],
     model: PreTrainedModel,
@@ -190,16 +210,15 @@ def sft_trainer(
     peft_config: PeftConfig | None = None,
 ) -> SFTTrainer:
     """trl's ``SFTTrainer`` on prompt-completion ``rows``, with the completion-only loss (refusing settings that
-    would train on the prompt)."""
+    would train on the prompt) and the LM head on the completion only (``CompletionHeadSFTTrainer``)."""
     from datasets import Dataset
-    from trl import SFTTrainer
 
     if config.assistant_only_loss or config.completion_only_loss is False:
         raise ValueError(
             "aitlrt sft trains on the applied answer only (completion_only_loss): the prompt holds the agent's "
             "few-shot and earlier assistant turns, which assistant_only_loss or a full-sequence loss would train on"
         )
-    return SFTTrainer(
+    return CompletionHeadSFTTrainer(
         model=model,
         args=config,
         train_dataset=Dataset.from_list(rows),

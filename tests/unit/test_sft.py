@@ -173,3 +173,43 @@ def test_cpu_defaults_and_flags_override_them(tmp_path):
 def test_run_sft_refuses_unknown_settings(tmp_path):
     with pytest.raises(TypeError, match="unknown settings \\['lora_rank'\\]"):
         run_sft(tmp_path / "t.jsonl", "bundled", tmp_path / "out", lora_rank=8)
+
+
+def test_the_lm_head_sees_the_completion_only_and_loss_and_gradients_are_trls(tokenizer, tmp_path, monkeypatch):
+    import trl.trainer.utils
+    from trl import SFTTrainer
+
+    rows = load_sft_rows(write(tmp_path / "t.jsonl", line(), line(answer=ANSWER.replace("* 3", "*3"))))
+    config = WarmStartSFTConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, report_to="none")
+    trainer = sft_trainer(rows, tiny_llama(len(tokenizer), 4096), tokenizer, config)
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    projected: list[int] = []
+    chunked = trl.trainer.utils._ChunkedLogProbFunction
+
+    class Spy:
+        @staticmethod
+        def apply(hidden, *args):
+            projected.append(hidden.shape[0])
+            return chunked.apply(hidden, *args)
+
+    monkeypatch.setattr(trl.trainer.utils, "_ChunkedLogProbFunction", Spy)
+
+    def run(compute) -> tuple[torch.Tensor, list[torch.Tensor], list]:
+        trainer.model.zero_grad()
+        trainer._metrics["train"].clear()
+        loss = compute(trainer, trainer.model, dict(batch))
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in trainer.model.parameters()], dict(trainer._metrics["train"])
+
+    ours = run(type(trainer).compute_loss)
+    trls = run(SFTTrainer.compute_loss)
+    labels = batch["labels"]
+    first = int((labels != -100).any(dim=0).nonzero()[0])
+    assert 0 < first < labels.shape[1] - 10  # a real prompt before the answers
+    assert projected == [2 * (labels.shape[1] - first), 2 * (labels.shape[1] - 1)]  # positions that predict a token
+    torch.testing.assert_close(ours[0], trls[0])
+    for x, y in zip(ours[1], trls[1], strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-7)
+    assert ours[2]["entropy"] == pytest.approx(trls[2]["entropy"], rel=1e-5)
+    assert ours[2]["mean_token_accuracy"] == trls[2]["mean_token_accuracy"]
+    assert ours[0] > 0
