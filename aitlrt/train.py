@@ -86,7 +86,7 @@ def run(
     from aitlrt.serving.process import ServeProcess, managed_server
     from aitlrt.tasks.loader import TaskLoadError
     from aitlrt.tasks.split import split_heldout, split_warm_start
-    from aitlrt.training.dataset import load_task_rows
+    from aitlrt.training.dataset import load_task_rows, warm_start_extra_rows
     from aitlrt.training.trainer import AgentGRPOTrainer
 
     unknown = [name for name in script.rewards if name not in REWARDS]
@@ -116,7 +116,7 @@ def run(
         if script.warm_start_share < 1:
             log.info("warm start on %d training tasks, GRPO on the %d others", len(warm_rows), len(rows))
         with state.main_process_first():
-            model_path = warm_start_model(script, config, warm_rows, model_path)
+            model_path = warm_start_model(script, config, warm_rows + warm_start_extra_rows(script), model_path)
     server: contextlib.AbstractContextManager[ServeProcess | None] = contextlib.nullcontext()
     if script.serve == "managed":
         if state.num_processes > 1 and not config.proxy_url:

@@ -55,6 +55,20 @@ def write_rows(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
+def rl_config(folder: Path) -> Path:
+    """The recipe's config for GRPO from a warm start made already (``warm_and_rl``): its warm-start keys dropped,
+    written into ``folder``."""
+    import yaml
+
+    config = yaml.safe_load(CONFIG.read_text())
+    for key in [k for k in config if k.startswith("warm_start")]:
+        del config[key]
+    path = folder / "grpo_config.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
 def grpo(
     seed: int, tasks: Path, warm: Path, out: Path, serve_args: str, extra: Sequence[str] = ()
 ) -> tuple[int, int, int]:
@@ -63,15 +77,11 @@ def grpo(
         sys.executable,
         str(ROOT / "aitlrt" / "train.py"),
         "--config",
-        str(CONFIG),
+        str(rl_config(out.parent)),
         "--tasks",
         str(tasks),
         "--heldout_share",
         "0",
-        "--warm_start",
-        "none",
-        "--warm_start_share",
-        "1",
         "--model_name_or_path",
         str(warm),
         "--seed",
@@ -172,16 +182,19 @@ def warm_and_rl(train: list[dict], share: float, out: Path, base: str, script: A
     GRPO trains on."""
     from aitlrt.tasks.split import split_warm_start
     from aitlrt.tasks.task import task_from_row
+    from aitlrt.training.dataset import warm_start_extra_rows
     from aitlrt.warmstart.recipe import warm_start
 
     warm_rows, rl_rows = split_warm_start(train, share, script.heldout_seed)
     rl_tasks = out / "tasks" / ("train.jsonl" if share == 1 else f"rl-{share:g}.jsonl")
     write_rows(rl_tasks, rl_rows)
+    extra = warm_start_extra_rows(script)
     t0 = time.monotonic()
     flags = shlex.split(script.warm_start_args)
-    warm = warm_start(script.warm_start, [task_from_row(r) for r in warm_rows], base, config.rollout_settings(), flags)
-    print(f"[bench] warm start on {len(warm_rows)} tasks, GRPO on {len(rl_rows)}: {warm} "
-          f"({time.monotonic() - t0:.0f} s)", flush=True)  # fmt: skip
+    tasks = [task_from_row(r) for r in warm_rows + extra]
+    warm = warm_start(script.warm_start, tasks, base, config.rollout_settings(), flags)
+    print(f"[bench] warm start on {len(warm_rows)} training tasks + {len(extra)} of --warm_start_from, GRPO on "
+          f"{len(rl_rows)}: {warm} ({time.monotonic() - t0:.0f} s)", flush=True)  # fmt: skip
     return warm, rl_tasks
 
 

@@ -208,9 +208,11 @@ def training_run(
 ) -> list[dict]:
     """``aitlrt/train.py`` for ``STEPS`` steps with ``max_staleness``; its logged steps, the steps after the first
     carrying ``cpu/idle_share`` (their window: the last step's log back by their summed step times)."""
-    cmd = [sys.executable, str(ROOT / "aitlrt" / "train.py"), "--config", str(CONFIG), "--tasks", str(tasks),
-           "--heldout_share", "0", "--warm_start", "none", "--model_name_or_path", warm, "--max_steps", str(STEPS),
-           "--max_staleness", str(staleness), "--seed", "0", "--warm_start_share", "1", "--output_dir", str(out),
+    from learning import rl_config  # bench/learning.py: the recipe less its warm-start keys
+
+    cmd = [sys.executable, str(ROOT / "aitlrt" / "train.py"), "--config", str(rl_config(out.parent)),
+           "--tasks", str(tasks), "--heldout_share", "0", "--model_name_or_path", warm, "--max_steps", str(STEPS),
+           "--max_staleness", str(staleness), "--seed", "0", "--output_dir", str(out),
            "--save_strategy", "no",
            "--serve_args", f"{serve_args} --seed 0"]  # fmt: skip
     print(f"steps: max_staleness {staleness} -> {out} (log {out}.log)", flush=True)

@@ -67,6 +67,9 @@ PROJECT_SPECS: dict[tuple[str, str], dict[str, Any]] = {
         "pip_packages": [],
         "test_cmd": "pytest -rA -p no:cacheprovider",
     },
+    # the recipe's warm_start_from sources (configs/cpu_demo.yaml): test suites that import one more package
+    ("funcy", "2.1"): {"pip_packages": ["pytest", "whatever==0.7"]},
+    ("itsdangerous", "2.2.0"): {"pip_packages": ["pytest", "freezegun==1.5.5"]},
 }
 
 

@@ -60,11 +60,14 @@ def split_warm_start(
     rows: Sequence[dict[str, Any]], share: float, seed: int = 0
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """``(warm_start, rl)``: whole mutated functions, drawn with ``seed``, until about ``share`` of the training tasks
-    are the warm start's; RL gets the others, whose fixes the warm start has not seen. ``share`` 1: both get all."""
-    if not 0.0 < share <= 1.0:
-        raise ValueError(f"a warm-start share must be in (0, 1], got {share}")
+    are the warm start's; RL gets the others, whose fixes the warm start has not seen. ``share`` 1: both get all;
+    0: RL gets all, the warm start none (its tasks come from elsewhere: ``warm_start_from``)."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"a warm-start share must be in [0, 1], got {share}")
     if share == 1.0:
         return list(rows), list(rows)
+    if share == 0.0:
+        return [], list(rows)
     if len({task_function(r) for r in rows}) < 2:
         raise ValueError("a warm-start split needs tasks of at least two mutated functions")
     warm = _draw_functions(rows, set(), share, seed)

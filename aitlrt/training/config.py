@@ -304,13 +304,27 @@ class AgentScriptArguments:
             "help": "with warm_start 'oracle': the share of the training tasks (whole mutated functions, drawn with "
             "heldout_seed) whose oracle trajectories make the warm start; below 1, GRPO trains on the other tasks "
             "only, code whose fix the warm start has not seen (on its own tasks RL mostly rewards recalling "
-            "memorised fixes); 1: both use every training task"
+            "memorised fixes); 1: both use every training task; 0: the warm start is made from warm_start_from's "
+            "tasks only and GRPO trains on every training task"
         },
     )
+    warm_start_from: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "with warm_start 'oracle': more sources (pypi:NAME==VERSION, git:URL@SHA, a path) whose generated "
+            "tasks (warm_start_from_tasks each, cached like --tasks generate) join the warm start's tasks only, never "
+            "GRPO's or the held-out ones: the agent sees the oracle fix varied code, not only the training files"
+        },
+    )
+    warm_start_from_tasks: int = field(default=24, metadata={"help": "tasks generated per warm_start_from source"})
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.warm_start_share <= 1.0:
-            raise ValueError(f"warm_start_share must be in (0, 1], got {self.warm_start_share}")
+        if not 0.0 <= self.warm_start_share <= 1.0:
+            raise ValueError(f"warm_start_share must be in [0, 1], got {self.warm_start_share}")
+        if self.warm_start_share == 0.0 and not self.warm_start_from:
+            raise ValueError("warm_start_share 0 leaves the warm start no task: give it some with warm_start_from")
+        if self.warm_start_from and self.warm_start != "oracle":
+            raise ValueError(f"warm_start_from adds tasks to warm_start 'oracle', not to {self.warm_start!r}")
         if self.warm_start_share < 1.0 and self.warm_start != "oracle":
             raise ValueError(
                 f"warm_start_share {self.warm_start_share} splits the tasks for warm_start 'oracle'; "

@@ -44,9 +44,21 @@ def load_task_rows(script: AgentScriptArguments) -> list[dict[str, Any]]:
     spec = script.tasks
     if spec == "generate":
         spec = str(generated_tasks(script.generate_from, script.num_tasks, script.generate_max_file_lines))
-    loaded = load_tasks(
-        spec, split=script.task_split, overrides=parse_overrides(script.task_source), limit=script.num_tasks
-    )
+    return _rows(spec, script.task_split, parse_overrides(script.task_source), script.num_tasks)
+
+
+def warm_start_extra_rows(script: AgentScriptArguments) -> list[dict[str, Any]]:
+    """The tasks generated from each source of ``--warm_start_from`` (``warm_start_from_tasks`` each, cached like
+    ``--tasks generate``), rows like ``load_task_rows``'s: for the warm start only."""
+    rows = []
+    for source in script.warm_start_from:
+        path = generated_tasks(source, script.warm_start_from_tasks, script.generate_max_file_lines)
+        rows += _rows(str(path), "test", {}, script.warm_start_from_tasks)
+    return rows
+
+
+def _rows(spec: str, split: str, overrides: dict[str, str], limit: int | None) -> list[dict[str, Any]]:
+    loaded = load_tasks(spec, split=split, overrides=overrides, limit=limit)
     for problem in loaded.problems:
         log.warning("skipping bad task row: %s", problem)
     rows = [{"prompt": p.task.problem_statement, **p.task.as_row()} for p in prepare_tasks(loaded.require())]

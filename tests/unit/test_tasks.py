@@ -208,5 +208,11 @@ def test_warm_start_split_gives_rl_the_functions_the_warm_start_never_saw():
         split_warm_start(rows[:2], 0.5)
     with pytest.raises(ValueError, match=r"warm_start 'oracle'"):
         AgentScriptArguments(warm_start="trajectories.jsonl", warm_start_share=0.5)
-    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+    assert split_warm_start(rows, 0.0) == ([], rows), "share 0: the warm start's tasks come from warm_start_from"
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        AgentScriptArguments(warm_start="oracle", warm_start_share=1.5)
+    with pytest.raises(ValueError, match="give it some with warm_start_from"):
         AgentScriptArguments(warm_start="oracle", warm_start_share=0.0)
+    with pytest.raises(ValueError, match="not to 'none'"):
+        AgentScriptArguments(warm_start_from=["pypi:toolz==1.2.0"])
+    assert AgentScriptArguments(warm_start="oracle", warm_start_share=0.0, warm_start_from=["pypi:toolz==1.2.0"])
