@@ -2,8 +2,9 @@
 embedded recipe, ``configs/cpu_demo.yaml``).
 
 The tasks of the recipe are split into training and held-out tasks (``aitlrt.tasks.split``: no mutated function in
-both, and at least one file held out whole). The warm start (oracle teacher + ``aitlrt sft`` on the training tasks,
-cached, shared by the seeds: its data and fine-tuning are deterministic) is made once; then for each seed a GRPO
+both, and at least one file held out whole). The recipe's warm start (oracle teacher + ``aitlrt sft`` on its
+``warm_start_share`` of the training tasks and its ``warm_start_from`` sources' tasks, cached, shared by the seeds:
+its data and fine-tuning are deterministic) is made once; then for each seed a GRPO
 run (``aitlrt/train.py`` on the training tasks only, from the warm start, vLLM seeded) and one evaluation server
 that scores, on the held-out tasks and with the run's agent and sampling, the base model, the warm start and the
 warm start + GRPO (weights reloaded into the same server). Per checkpoint: the edit rate (the agent's edit left a

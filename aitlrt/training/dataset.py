@@ -22,7 +22,8 @@ GENERATED_TASKS_VERSION = 2
 
 def generated_tasks(source: str, num_tasks: int | None, max_file_lines: int | None) -> Path:
     """The task file generated from ``source`` under ``$AITLRT_HOME/tasks``, topped up to ``num_tasks`` (default 8)
-    valid tasks if it has fewer."""
+    valid tasks if it has fewer, unless a generation ran out of candidates before (the file then stays as it is, so
+    that what is built from it, a cached warm start, stays the same)."""
     from aitlrt.tasks.generate import generate_tasks
     from aitlrt.tasks.sources import parse_source
 
@@ -32,9 +33,17 @@ def generated_tasks(source: str, num_tasks: int | None, max_file_lines: int | No
     path = aitlrt_home() / "tasks" / f"{name}.jsonl"
     want = num_tasks or 8
     have = len(path.read_text().splitlines()) if path.exists() else 0
-    if have < want:
+    exhausted = path.with_name(path.name + ".exhausted")
+    if have < want and not exhausted.exists():
         log.info("generating %d tasks from %s into %s", want - have, source, path)
-        generate_tasks(parse_source(source), path, max_tasks=want - have, seed=have, max_file_lines=max_file_lines)
+        report = generate_tasks(
+            parse_source(source), path, max_tasks=want - have, seed=have, max_file_lines=max_file_lines
+        )
+        if report.kept < want - have:
+            log.info("%s gave %d tasks of the %d asked: no more candidates", source, have + report.kept, want)
+            exhausted.write_text(f"{report.line()}\n")
+    elif have < want:
+        log.info("%s: %d tasks, all it gave (%s)", source, have, exhausted)
     return path
 
 

@@ -216,3 +216,34 @@ def test_warm_start_split_gives_rl_the_functions_the_warm_start_never_saw():
     with pytest.raises(ValueError, match="not to 'none'"):
         AgentScriptArguments(warm_start_from=["pypi:toolz==1.2.0"])
     assert AgentScriptArguments(warm_start="oracle", warm_start_share=0.0, warm_start_from=["pypi:toolz==1.2.0"])
+
+
+def test_generated_tasks_are_topped_up_unless_the_source_ran_out(tmp_path, monkeypatch):
+    import aitlrt.tasks.generate
+    from aitlrt.tasks.generate import Report
+    from aitlrt.training.dataset import generated_tasks
+
+    monkeypatch.setenv("AITLRT_HOME", str(tmp_path))
+    calls: list[tuple[str, int, int]] = []
+    found = {"pypi:small==1": 3, "pypi:large==1": 99}  # valid tasks each source can give
+
+    def generate(source, out, *, max_tasks, seed, max_file_lines):
+        have = len(out.read_text().splitlines()) if out.exists() else 0
+        kept = min(max_tasks, found[str(source)] - have)
+        calls.append((str(source), max_tasks, seed))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with open(out, "a") as sink:
+            sink.write("".join(json.dumps({"instance_id": f"t{have + i}"}) + "\n" for i in range(kept)))
+        return Report(candidates=kept + 1, kept=kept)
+
+    monkeypatch.setattr(aitlrt.tasks.generate, "generate_tasks", generate)
+    for source in found:
+        for want in (2, 5, 5):
+            generated_tasks(source, want, 110)
+    assert calls == [
+        ("pypi:small==1", 2, 0),
+        ("pypi:small==1", 3, 2),  # found 1 of 3: out of candidates, never asked again
+        ("pypi:large==1", 2, 0),
+        ("pypi:large==1", 3, 2),
+    ]
+    assert len(generated_tasks("pypi:small==1", 5, 110).read_text().splitlines()) == 3
