@@ -9,12 +9,17 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import shlex
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+import aitlrt
 from aitlrt.common.model import resolve_model
 from aitlrt.common.paths import aitlrt_home
 from aitlrt.rollout.batch import RolloutSettings
@@ -43,14 +48,23 @@ def cache_key(source: str, tasks: Sequence[Task], model: str, settings: RolloutS
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def sft_from_flags(data: Path, model: str, output_dir: Path, flags: Sequence[str]) -> None:
-    """``aitlrt sft --data DATA --model_name_or_path MODEL --output_dir OUT FLAGS...``, in this process."""
-    from aitlrt.warmstart.sft import sft_parser, train_sft
+_DISTRIBUTED = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
 
-    parser = sft_parser()
+
+def sft_from_flags(data: Path, model: str, output_dir: Path, flags: Sequence[str]) -> None:
+    """``aitlrt sft --data DATA --model_name_or_path MODEL --output_dir OUT FLAGS...`` in a child process, on its own
+    (not a rank of the caller's distributed run): the ~10 GB it holds on CPU for the recipe's ~3k-token rows go back
+    to the machine before vLLM and the trainer start (kept in this process, they got a bench OOM-killed)."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in _DISTRIBUTED and not k.startswith(("ACCELERATE_", "TORCHELASTIC_"))
+    }
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(aitlrt.__file__).parents[1]), env.get("PYTHONPATH")]))
     argv = ["--data", str(data), "--model_name_or_path", model, "--output_dir", str(output_dir), *flags]
-    script, config, model_args = parser.parse_args_and_config(argv)
-    train_sft(script, config, model_args)
+    done = subprocess.run([sys.executable, "-m", "aitlrt.cli", "sft", *argv], env=env, check=False)
+    if done.returncode:
+        raise RuntimeError(f"warm start: `aitlrt sft {shlex.join(argv)}` failed with exit code {done.returncode}")
 
 
 def warm_start(

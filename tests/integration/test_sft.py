@@ -173,3 +173,16 @@ def test_lora_merged_output_has_the_base_model_tensors(trajectories, model_dir, 
     assert changed and all(name.endswith(("q_proj.weight", "v_proj.weight")) for name in changed)
     assert not (result.output_dir / "adapter_config.json").exists()
     reload_and_answer(served.url, result.output_dir, "sft-lora")
+
+
+def test_the_warm_start_fine_tunes_in_a_child_that_is_no_rank_of_the_callers_run(trajectories, tmp_path, monkeypatch):
+    from aitlrt.warmstart.recipe import sft_from_flags
+
+    for name, value in {"RANK": "3", "WORLD_SIZE": "4", "MASTER_ADDR": "10.255.255.1", "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(name, value)  # a rank of a run whose rendezvous this process cannot reach
+    out = tmp_path / "warm"
+    sft_from_flags(trajectories, "bundled", out, ["--max_steps", "1", "--gradient_accumulation_steps", "1"])
+    result = json.loads((out / RESULT_FILE).read_text())
+    assert (result["steps"], result["rows"]) == (1, 4) and math.isfinite(result["losses"][0])
+    with pytest.raises(RuntimeError, match=r"aitlrt sft .* failed with exit code"):
+        sft_from_flags(trajectories, "bundled", tmp_path / "bad", ["--max_steps", "1", "--no_such_flag", "1"])
