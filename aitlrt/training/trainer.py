@@ -796,7 +796,7 @@ class AgentGRPOTrainer(GRPOTrainer):
         weights = torch.ones(owner.size(0), 1, device=owner.device)
         if self.loss_type not in ROW_NORMALISED_LOSSES:
             return weights
-        weights *= owner.size(0) / rollouts  # = rows per micro-batch / rollouts per micro-batch
+        weights *= owner.size(0) / max(rollouts, 1)  # = rows per micro-batch / rollouts per micro-batch
         if self.loss_type in ("grpo", "sapo"):
             tokens = loss_mask.sum(dim=1).float()
             per_rollout = torch.zeros(rollouts + 1, device=owner.device).index_add_(0, owner + 1, tokens)

@@ -83,3 +83,12 @@ def test_kl_term_weighs_tokens_alike_however_rows_split(tmp_path):
     whole = loss_and_grads(trainer, trainer._batch(*one_row(), [0.0] * 4, "train")[0])  # the KL term alone
     assert whole[0] > 0
     assert_same(whole, loss_and_grads(trainer, trainer._batch(*split_rows(), [0.0] * 4, "train")[0]))
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_a_rank_without_rollouts_gets_zero_loss_padding(trainer, loss_type):
+    """A step whose groups all lacked reward variance (dynamic sampling skips its update), or a rank with no row."""
+    trainer.loss_type = loss_type
+    batch, _ = trainer._batch([], [], [], "train")
+    assert batch["completion_ids"].size(0) >= 1
+    assert not batch["advantages"].any() and int(batch["num_items_in_batch"]) == 0
