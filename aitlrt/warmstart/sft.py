@@ -193,12 +193,15 @@ class CompletionHeadSFTTrainer(SFTTrainer):
         self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None
     ) -> Any:
         labels = inputs.get("labels")
-        labelled = (labels != -100).any(dim=0).nonzero() if labels is not None and labels.dim() == 2 else None
-        if return_outputs or labelled is None or not len(labelled) or int(labelled[0]) == 0:
+        first = 0  # the first labelled position of the batch
+        if isinstance(labels, torch.Tensor) and labels.dim() == 2 and not return_outputs:
+            labelled = (labels != -100).any(dim=0).nonzero()
+            first = int(labelled[0]) if len(labelled) else 0
+        if not first:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         head = self.accelerator.unwrap_model(model)
         head = head.get_base_model() if is_peft_model(head) else head
-        with scored_positions_only(head, labels.shape[1] - int(labelled[0])):
+        with scored_positions_only(head, cast(torch.Tensor, labels).shape[1] - first):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
 
