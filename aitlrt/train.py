@@ -220,7 +220,8 @@ def warm_start_model(
     script: AgentScriptArguments, config: AgentGRPOConfig, rows: list[dict[str, Any]], model: str
 ) -> str:
     """The warm-start checkpoint (``aitlrt.warmstart.recipe``) that RL starts from: fine-tuned on the oracle
-    teacher's trajectories of the training tasks (cached), or on the given trajectories file."""
+    teacher's trajectories of ``rows`` (its share of the training tasks and ``warm_start_from``'s tasks; cached),
+    or on the given trajectories file."""
     from aitlrt.tasks.task import task_from_row
     from aitlrt.warmstart.recipe import warm_start
 
