@@ -113,10 +113,16 @@ def run(
             warm_rows, rows = split_warm_start(rows, script.warm_start_share, script.heldout_seed)
         except ValueError as exc:
             raise SystemExit(f"aitlrt train: {exc}") from None
-        if script.warm_start_share < 1:
-            log.info("warm start on %d training tasks, GRPO on the %d others", len(warm_rows), len(rows))
         with state.main_process_first():
-            model_path = warm_start_model(script, config, warm_rows + warm_start_extra_rows(script), model_path)
+            extra = warm_start_extra_rows(script)
+            if script.warm_start_share < 1 or extra:
+                log.info(
+                    "warm start on %d training tasks and %d of warm_start_from, GRPO on %d training tasks",
+                    len(warm_rows),
+                    len(extra),
+                    len(rows),
+                )
+            model_path = warm_start_model(script, config, warm_rows + extra, model_path)
     server: contextlib.AbstractContextManager[ServeProcess | None] = contextlib.nullcontext()
     if script.serve == "managed":
         if state.num_processes > 1 and not config.proxy_url:
