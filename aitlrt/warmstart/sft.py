@@ -187,14 +187,22 @@ def fitting_rows(
 class CompletionHeadSFTTrainer(SFTTrainer):
     """trl's ``SFTTrainer`` whose LM head sees only the positions from the one predicting the first labelled token
     on (``scored_positions_only``): loss, gradients, entropy and accuracy unchanged. An Aider row is ~97% prompt
-    (~3,000 prompt tokens for a ~80-token answer), and on CPU trl's fused head projects every position."""
+    (~3,000 prompt tokens for a ~80-token answer), and on CPU trl's fused head projects every position. Left as
+    trl's where its loss needs the full logits (``compute_loss_func``, label smoothing) or shards the sequence
+    (sequence parallelism)."""
 
     def compute_loss(
         self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None
     ) -> Any:
         labels = inputs.get("labels")
         first = 0  # the first labelled position of the batch
-        if isinstance(labels, torch.Tensor) and labels.dim() == 2 and not return_outputs:
+        parallel = getattr(self.accelerator, "parallelism_config", None)
+        full_logits = self.compute_loss_func is not None or self.label_smoother is not None
+        if (
+            isinstance(labels, torch.Tensor)
+            and labels.dim() == 2
+            and not (return_outputs or full_logits or getattr(parallel, "sp_enabled", False))
+        ):
             labelled = (labels != -100).any(dim=0).nonzero()
             first = int(labelled[0]) if len(labelled) else 0
         if not first:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import trl.trainer.utils
 
 from tests.helpers.multirank_run import tiny_trainer
 
@@ -22,3 +23,19 @@ def trainer(tmp_path_factory):
     t.model.train()
     t.current_gradient_accumulation_steps = 1
     return t
+
+
+@pytest.fixture
+def lm_head_positions(monkeypatch) -> list[int]:
+    """The positions each call of trl's chunked LM head (CPU: no Triton) projects, appended as the test runs."""
+    projected: list[int] = []
+    chunked = trl.trainer.utils._ChunkedLogProbFunction
+
+    class Spy:
+        @staticmethod
+        def apply(hidden, *args):
+            projected.append(hidden.shape[0])
+            return chunked.apply(hidden, *args)
+
+    monkeypatch.setattr(trl.trainer.utils, "_ChunkedLogProbFunction", Spy)
+    return projected

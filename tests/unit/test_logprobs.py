@@ -4,7 +4,6 @@ positions only (a tiny random model; left-padded prompts and right-padded comple
 from __future__ import annotations
 
 import torch
-import trl.trainer.utils
 from trl import GRPOTrainer
 
 from aitlrt.training.rows import Row
@@ -28,20 +27,10 @@ def scored(trainer, fn) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]
     return logps * mask, entropies * mask, [p.grad.clone() for p in model.parameters()]
 
 
-def test_only_the_scored_positions_reach_the_lm_head_and_nothing_changes(trainer, monkeypatch):
-    projected: list[int] = []  # positions each call projects through the LM head
-    chunked = trl.trainer.utils._ChunkedLogProbFunction
-
-    class Spy:
-        @staticmethod
-        def apply(hidden, *args):
-            projected.append(hidden.shape[0])
-            return chunked.apply(hidden, *args)
-
-    monkeypatch.setattr(trl.trainer.utils, "_ChunkedLogProbFunction", Spy)
+def test_only_the_scored_positions_reach_the_lm_head_and_nothing_changes(trainer, lm_head_positions):
     ours = scored(trainer, trainer._get_per_token_logps_and_entropies)
     trls = scored(trainer, lambda *a, **k: GRPOTrainer._get_per_token_logps_and_entropies(trainer, *a, **k))
-    assert projected == [3 * 6, 3 * (5 + 6 - 1)]  # 3 rows x 6 completion positions; trl: every position (CPU)
+    assert lm_head_positions == [3 * 6, 3 * (5 + 6 - 1)]  # 3 rows x 6 completion positions; trl: every position (CPU)
     torch.testing.assert_close(ours[0], trls[0], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(ours[1], trls[1], rtol=1e-5, atol=1e-6)
     for x, y in zip(ours[2], trls[2], strict=True):

@@ -175,24 +175,13 @@ def test_run_sft_refuses_unknown_settings(tmp_path):
         run_sft(tmp_path / "t.jsonl", "bundled", tmp_path / "out", lora_rank=8)
 
 
-def test_the_lm_head_sees_the_completion_only_and_loss_and_gradients_are_trls(tokenizer, tmp_path, monkeypatch):
-    import trl.trainer.utils
+def test_the_lm_head_sees_the_completion_only_and_loss_and_gradients_are_trls(tokenizer, tmp_path, lm_head_positions):
     from trl import SFTTrainer
 
     rows = load_sft_rows(write(tmp_path / "t.jsonl", line(), line(answer=ANSWER.replace("* 3", "*3"))))
     config = WarmStartSFTConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, report_to="none")
     trainer = sft_trainer(rows, tiny_llama(len(tokenizer), 4096), tokenizer, config)
     batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
-    projected: list[int] = []
-    chunked = trl.trainer.utils._ChunkedLogProbFunction
-
-    class Spy:
-        @staticmethod
-        def apply(hidden, *args):
-            projected.append(hidden.shape[0])
-            return chunked.apply(hidden, *args)
-
-    monkeypatch.setattr(trl.trainer.utils, "_ChunkedLogProbFunction", Spy)
 
     def run(compute) -> tuple[torch.Tensor, list[torch.Tensor], list]:
         trainer.model.zero_grad()
@@ -206,10 +195,22 @@ def test_the_lm_head_sees_the_completion_only_and_loss_and_gradients_are_trls(to
     labels = batch["labels"]
     first = int((labels != -100).any(dim=0).nonzero()[0])
     assert 0 < first < labels.shape[1] - 10  # a real prompt before the answers
-    assert projected == [2 * (labels.shape[1] - first), 2 * (labels.shape[1] - 1)]  # positions that predict a token
+    # the positions that predict a token: from the one before the first answer token on; trl: all but the last
+    assert lm_head_positions == [2 * (labels.shape[1] - first), 2 * (labels.shape[1] - 1)]
     torch.testing.assert_close(ours[0], trls[0])
     for x, y in zip(ours[1], trls[1], strict=True):
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-7)
     assert ours[2]["entropy"] == pytest.approx(trls[2]["entropy"], rel=1e-5)
     assert ours[2]["mean_token_accuracy"] == trls[2]["mean_token_accuracy"]
     assert ours[0] > 0
+
+
+def test_label_smoothing_keeps_trls_full_logits(tokenizer, tmp_path):
+    from trl import SFTTrainer
+
+    rows = load_sft_rows(write(tmp_path / "t.jsonl", line()))
+    config = WarmStartSFTConfig(output_dir=str(tmp_path), label_smoothing_factor=0.1, report_to="none")
+    trainer = sft_trainer(rows, tiny_llama(len(tokenizer), 4096), tokenizer, config)
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    ours = type(trainer).compute_loss(trainer, trainer.model, dict(batch))
+    torch.testing.assert_close(ours, SFTTrainer.compute_loss(trainer, trainer.model, dict(batch)))
