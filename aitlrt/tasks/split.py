@@ -70,7 +70,7 @@ def split_warm_start(
         return [], list(rows)
     if len({task_function(r) for r in rows}) < 2:
         raise ValueError("a warm-start split needs tasks of at least two mutated functions")
-    warm = _draw_functions(rows, set(), share, seed)
+    warm = _draw_functions(rows, set(), max(share, 1 / len(rows)), seed)  # a tiny share: still one function
     return [r for r in rows if task_function(r) in warm], [r for r in rows if task_function(r) not in warm]
 
 

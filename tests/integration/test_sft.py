@@ -175,6 +175,7 @@ def test_lora_merged_output_has_the_base_model_tensors(trajectories, model_dir, 
     reload_and_answer(served.url, result.output_dir, "sft-lora")
 
 
+@pytest.mark.timeout(300)  # a child that joined the unreachable rendezvous would wait: fail it well before 600 s
 def test_the_warm_start_fine_tunes_in_a_child_that_is_no_rank_of_the_callers_run(trajectories, tmp_path, monkeypatch):
     from aitlrt.warmstart.recipe import sft_from_flags
 

@@ -209,6 +209,10 @@ def test_warm_start_split_gives_rl_the_functions_the_warm_start_never_saw():
     with pytest.raises(ValueError, match=r"warm_start 'oracle'"):
         AgentScriptArguments(warm_start="trajectories.jsonl", warm_start_share=0.5)
     assert split_warm_start(rows, 0.0) == ([], rows), "share 0: the warm start's tasks come from warm_start_from"
+    tiny, rest = split_warm_start(rows, 0.01)
+    assert tiny and rest and len({task_function(r) for r in tiny}) == 1, (
+        "a tiny share still gives the warm start one function"
+    )
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         AgentScriptArguments(warm_start="oracle", warm_start_share=1.5)
     with pytest.raises(ValueError, match="give it some with warm_start_from"):
