@@ -51,6 +51,7 @@ import logging
 import math
 import random
 from collections.abc import Collection, Iterator, Mapping, Sequence
+from typing import Any
 
 from torch.utils.data import Sampler
 
@@ -155,6 +156,17 @@ class CurriculumSampler(Sampler[int]):
         self._rates[instance_id] = rate
         self._cached = None
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps: the solve rates learned online and both random streams (JSON-serialisable)."""
+        return {"rates": dict(self._rates), "rng": _rng_state(self._rng), "extra_rng": _rng_state(self._extra_rng)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Go on from a checkpoint's ``state_dict``: its rates (for tasks still in the dataset) and random streams."""
+        self._rates = {i: float(r) for i, r in state["rates"].items() if i in self._known}
+        self._rng.setstate(_from_json(state["rng"]))
+        self._extra_rng.setstate(_from_json(state["extra_rng"]))
+        self._cached = None
+
     def draw_groups(self, n: int, exclude: Collection[str] = ()) -> list[int]:
         """``n`` more task groups (dataset indices, not repeated) by the current weights, preferring tasks not in
         ``exclude`` (instance ids, e.g. those already rolled out this step). Uses its own random stream, so extra
@@ -175,3 +187,13 @@ class CurriculumSampler(Sampler[int]):
             out += sorted(pool, key=keys.__getitem__, reverse=True)[: n - len(out)]
             pool = live
         return out
+
+
+def _rng_state(rng: random.Random) -> list[Any]:
+    version, internal, gauss = rng.getstate()
+    return [version, list(internal), gauss]
+
+
+def _from_json(state: Sequence[Any]) -> tuple[Any, ...]:
+    version, internal, gauss = state
+    return (version, tuple(internal), gauss)

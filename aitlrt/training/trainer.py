@@ -56,6 +56,7 @@ from typing import Any, cast
 
 import torch
 from accelerate.utils import DistributedType, gather, gather_object, is_peft_model
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import nanmax, nanmin, pad, use_adapter
@@ -78,6 +79,8 @@ from aitlrt.training.weight_sync import make_weight_sync, proxy_request
 
 log = logging.getLogger(__name__)
 
+CURRICULUM_STATE = "curriculum.json"
+"""In each checkpoint of a curriculum run: ``CurriculumSampler.state_dict``, for a resumed run to go on from."""
 PROMPT_KEYS = ("prompt_ids", "prompt_mask")
 
 
@@ -196,6 +199,7 @@ class AgentGRPOTrainer(GRPOTrainer):
         self._prepared: Any = None
         self._weights_changed = False  # an update ran since the last sync
         self._curriculum: CurriculumSampler | None = None
+        self._curriculum_state: dict[str, Any] | None = None  # from the checkpoint resumed, for the sampler
         self._early_grader: EarlyGrader | None = None  # grades each rollout as it ends
         self._ahead: RolloutsAhead | None = None  # pipelined steps
         self._start_background()
@@ -438,6 +442,8 @@ class AgentGRPOTrainer(GRPOTrainer):
             records=read_difficulty(self.args.task_difficulty_file),
             failed_share=self.args.curriculum_failed_share,
         )
+        if self._curriculum_state is not None:  # resumed: go on from what the checkpoint's run had learned
+            self._curriculum.load_state_dict(self._curriculum_state)
         return self._curriculum
 
     def _curriculum_update(self, rnd: SamplingRound, group: int) -> None:
@@ -993,3 +999,17 @@ class AgentGRPOTrainer(GRPOTrainer):
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
         super()._load_from_checkpoint(resume_from_checkpoint, model)
         self._weights_changed = True  # the server still has the initial weights
+        saved = Path(resume_from_checkpoint) / CURRICULUM_STATE
+        if self.args.task_difficulty_file is not None:
+            if saved.is_file():
+                self._curriculum_state = json.loads(saved.read_text())
+            else:
+                log.warning("%s has no %s: the curriculum starts again from %s", resume_from_checkpoint,
+                            CURRICULUM_STATE, self.args.task_difficulty_file)  # fmt: skip
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        """trl's checkpoint, plus the curriculum's state (what it learned online of each task's difficulty)."""
+        super()._save_checkpoint(model, trial)
+        if self._curriculum is not None and self.args.should_save:
+            folder = Path(self._get_output_dir(trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            (folder / CURRICULUM_STATE).write_text(json.dumps(self._curriculum.state_dict()))

@@ -147,6 +147,30 @@ def test_update_drops_a_task_solved_by_its_whole_group():
         sampler.draw_groups(1)
 
 
+def test_a_resumed_sampler_goes_on_from_its_checkpoint_state():
+    ids = [f"t{i}" for i in range(8)]
+    records = {i: record(i, 0.5) for i in ids}
+
+    def fresh() -> CurriculumSampler:
+        return CurriculumSampler(ids, 2, batch_size=2, seed=1, records=records)
+
+    sampler = fresh()
+    list(sampler)
+    sampler.update("t0", [1.0, 1.0])  # learned online: solved, never drawn again
+    sampler.update("t1", [0.0, 0.0])
+    state = json.loads(json.dumps(sampler.state_dict()))  # as the checkpoint's curriculum.json
+    expected = list(sampler) + sampler.draw_groups(3)
+
+    resumed = fresh()
+    resumed.load_state_dict(state)
+    assert resumed.weights == sampler.weights and resumed.weights[0] == 0.0
+    assert list(resumed) + resumed.draw_groups(3) == expected, "the same draws as the run that was not cut"
+    assert fresh().weights[0] > 0, "without the state, the solved task would be drawn again"
+    other = CurriculumSampler(ids[1:], 2, batch_size=2, seed=1, records=records)
+    other.load_state_dict(state)  # a task no longer in the dataset is dropped, not an error
+    assert other.weights[0] > 0  # t1: failed, now the first
+
+
 def test_draw_groups_prefers_tasks_not_yet_rolled_out():
     ids = [f"t{i}" for i in range(6)]
     sampler = CurriculumSampler(ids, 2, batch_size=2, seed=0)

@@ -5,6 +5,7 @@ with none informative the update is skipped (no forward, no backward, no weight 
 from __future__ import annotations
 
 import itertools
+import json
 
 import torch
 
@@ -149,3 +150,13 @@ def test_the_trainer_draws_tasks_and_extra_rounds_by_the_difficulty_sidecar(tmp_
     inputs = [dict(trainer.train_dataset[i]) for i in (1, 1, 0, 0)]
     trainer._generate_and_score_completions(inputs)
     assert trainer._curriculum is not None and trainer._curriculum.weights == [1.0, 0.0]
+    # A checkpoint keeps what the curriculum learned online; a run resumed from it goes on from there.
+    trainer.create_optimizer_and_scheduler(num_training_steps=1)
+    trainer.state.global_step = 1
+    trainer._save_checkpoint(trainer.model, trial=None)
+    saved = tmp_path / "run" / "checkpoint-1"
+    assert json.loads((saved / "curriculum.json").read_text())["rates"] == {"task-0": 0.0, "task-1": 1.0}
+    again = make_trainer(tmp_path, task_difficulty_file=str(sidecar), max_sampling_rounds=1)
+    again._load_from_checkpoint(str(saved))
+    drawn = [row["instance_id"] for batch in again.get_train_dataloader() for row in batch]
+    assert set(drawn) == {"task-0"}, "task-1, solved during the first run, is not drawn after the resume"
