@@ -254,11 +254,16 @@ def validate(
         result.label = label
         result.summary = summaries[label] = summarise(result.batch, result.rewards, weights)
     write_results(evaluated, out / "validation", weights=weights)
-    print(f"\n{'checkpoint':<52}" + "".join(f"{name:>9}" for name, _ in COLUMNS) + f"{'gain':>9}")
+    print(f"\n{'checkpoint':<52}" + "".join(f"{name:>9}" for name, _ in COLUMNS) + f"{'gain':>9}{'+/-2se':>9}")
     for label, summary in summaries.items():
-        gain = f"{summary['reward'] - summaries[warm_of[label]]['reward']:>+9.3f}" if label in warm_of else ""
+        gain = ""
+        if label in warm_of:
+            warm = summaries[warm_of[label]]
+            noise = 2 * math.hypot(summary["reward_se"], warm["reward_se"])
+            gain = f"{summary['reward'] - warm['reward']:>+9.3f}{noise:>9.3f}"
         print(f"{label[:51]:<52}" + "".join(f"{summary[key]:>9.3f}" for _, key in COLUMNS) + gain)
-    print(f"validation: {len(prepared)} tasks x {VALIDATION_ROLLOUTS} rollouts; everything under {out}")
+    print(f"validation: {len(prepared)} tasks x {VALIDATION_ROLLOUTS} rollouts; a gain inside +/-2se (two standard "
+          f"errors of the difference) is not told apart from none; everything under {out}")  # fmt: skip
 
 
 def report(

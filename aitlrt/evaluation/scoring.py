@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 
@@ -29,13 +30,15 @@ def summarise(
     batch: Batch, rewards: Mapping[str, Sequence[float]], weights: Mapping[str, float] | None = None
 ) -> dict[str, float]:
     """Mean of each reward, the edit rate (share of rollouts whose edit left a non-empty patch), with ``weights``
-    the mean weighted reward (``reward``), the mean calls and completion tokens per rollout, and the share of ``ok``
-    rollouts. The resolve rate is ``tests_pass``'s mean."""
+    the mean weighted reward (``reward``) and its standard error (``reward_se``: two checkpoints whose rewards
+    differ by less than ~2x their errors combined cannot be told apart), the mean calls and completion tokens per
+    rollout, and the share of ``ok`` rollouts. The resolve rate is ``tests_pass``'s mean."""
     out = {name: statistics.fmean(values) for name, values in rewards.items()}
     out["edit_rate"] = statistics.fmean(bool(o.patch.strip()) for o in batch.outcomes)
     if weights:
         per_rollout = [sum(weights.get(n, 0.0) * v[i] for n, v in rewards.items()) for i in range(len(batch.outcomes))]
         out["reward"] = statistics.fmean(per_rollout)
+        out["reward_se"] = statistics.stdev(per_rollout) / math.sqrt(len(per_rollout)) if len(per_rollout) > 1 else 0.0
     out["calls"] = statistics.fmean(o.calls for o in batch.outcomes)
     out["completion_tokens"] = statistics.fmean(o.completion_tokens for o in batch.outcomes)
     out["status_ok"] = statistics.fmean(o.status == "ok" for o in batch.outcomes)
