@@ -18,6 +18,7 @@ SUMMARY_ROWS = (
     ("resolve rate", "tests_pass"),
     ("similarity", "patch_similarity"),
     ("weighted reward", "reward"),
+    ("  its std error", "reward_se"),  # a before/after difference under ~2x the errors combined is noise
     ("calls / rollout", "calls"),
 )
 
