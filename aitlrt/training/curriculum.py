@@ -158,7 +158,7 @@ class CurriculumSampler(Sampler[int]):
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps: the solve rates learned online and both random streams (JSON-serialisable)."""
-        return {"rates": dict(self._rates), "rng": _rng_state(self._rng), "extra_rng": _rng_state(self._extra_rng)}
+        return {"rates": dict(self._rates), "rng": self._rng.getstate(), "extra_rng": self._extra_rng.getstate()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Go on from a checkpoint's ``state_dict``: its rates (for tasks still in the dataset) and random streams."""
@@ -189,11 +189,7 @@ class CurriculumSampler(Sampler[int]):
         return out
 
 
-def _rng_state(rng: random.Random) -> list[Any]:
-    version, internal, gauss = rng.getstate()
-    return [version, list(internal), gauss]
-
-
 def _from_json(state: Sequence[Any]) -> tuple[Any, ...]:
+    """``random.Random.getstate()`` back from JSON (which made its tuples lists)."""
     version, internal, gauss = state
     return (version, tuple(internal), gauss)

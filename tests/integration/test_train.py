@@ -12,6 +12,7 @@ import httpx
 import pytest
 import torch
 
+from aitlrt.training.probe import probe_gap
 from aitlrt.training.rows import build_rows
 from aitlrt.training.trainer import AgentGRPOTrainer
 
@@ -64,11 +65,6 @@ def trainer_logprobs(model, ids: list[int]) -> list[float]:
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits[0, :-1].float()
     return torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:]).unsqueeze(1)).squeeze(1).tolist()
-
-
-def mean_gap(a: list[float], b: list[float]) -> float:
-    """Mean absolute difference of two logprob lists."""
-    return sum(abs(x - y) for x, y in zip(a, b, strict=True)) / len(a)
 
 
 def test_two_grpo_steps_with_real_agents(served, data_dir, tokenizer, tmp_path, restore_weights):
@@ -160,10 +156,10 @@ def test_two_grpo_steps_with_real_agents(served, data_dir, tokenizer, tmp_path, 
     assert httpx.get(f"{served.url}/weights").json()["weight_version"] == version_before + 1
     trainer.sync_weights()
     server_after, trainer_after = probe_logprobs(served.vllm_url, probe), trainer_logprobs(trainer.model, probe)
-    moved = mean_gap(trainer_after, trainer_before)
+    moved = probe_gap(trainer_after, trainer_before).mean
     assert moved > 0.1, "the policy hardly changed: nothing to check the sync with"
     # The server now serves the trained policy: far closer to it than the weights it served before the sync (a
     # missed sync: ratio ~1). Not equal: vLLM's bf16 arithmetic is noisier on the perturbed weights (0.05-0.09
     # nats/token against 0.03 on the initial ones; aitlrt.training.probe), so the ratio measured 0.18-0.28.
-    gap_after, stale_gap = mean_gap(server_after, trainer_after), mean_gap(server_before, trainer_after)
+    gap_after, stale_gap = probe_gap(server_after, trainer_after).mean, probe_gap(server_before, trainer_after).mean
     assert gap_after < 0.6 * stale_gap, (gap_after, stale_gap, moved)
