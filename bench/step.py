@@ -72,9 +72,11 @@ def step_rows() -> list[Row]:
     return rows
 
 
-def trainer_update(model, tokenizer, rows: list[Row], advantages: list[float], tmp: str, fused: bool) -> Callable:
+def trainer_update(
+    model, tokenizer, rows: list[Row], advantages: list[float], tmp: str, fused: bool, shared: bool = True
+) -> Callable:
     """One AITLRT update per call: ``_batch`` (rows to tensors, and without ``fused`` the importance-sampling
-    forward), the Trainer's ``training_step`` (bf16 autocast), the optimizer step."""
+    forward), the Trainer's ``training_step`` (bf16 autocast), the optimizer step; ``shared``: ``shared_prefix``."""
     args = AgentGRPOConfig(
         output_dir=tmp,
         proxy_url="http://unused",
@@ -83,6 +85,7 @@ def trainer_update(model, tokenizer, rows: list[Row], advantages: list[float], t
         bf16=True,
         gradient_checkpointing=False,
         max_tokens_per_forward=PER_FORWARD,
+        shared_prefix=shared,
         learning_rate=5e-6,
         report_to=[],
         max_steps=1,
@@ -157,6 +160,7 @@ def update_vs_bare() -> float:
             "bare PyTorch": bare_update(model, rows, advantages),
             "AITLRT": trainer_update(model, tokenizer, rows, advantages, tmp, True),
             "AITLRT, separate IS forward": trainer_update(model, tokenizer, rows, advantages, tmp, False),
+            "AITLRT, no shared prefix": trainer_update(model, tokenizer, rows, advantages, tmp, True, False),
         }
         times: dict[str, list[float]] = {name: [] for name in updates}
         for k in range(ROUNDS):

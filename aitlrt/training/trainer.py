@@ -49,7 +49,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -62,6 +62,7 @@ from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import nanmax, nanmin, pad, use_adapter
 
 from aitlrt.common.lm_head import scored_positions_only
+from aitlrt.common.shared_prefix import prefix_batches, shared_prefix_forward, supports_shared_prefix
 from aitlrt.rewards.builtin import EarlyGrader, tests_pass, tests_pass_fraction
 from aitlrt.rewards.inputs import reward_row
 from aitlrt.rollout.agents import AgentTask, make_agent
@@ -75,7 +76,7 @@ from aitlrt.training.curriculum import CurriculumSampler
 from aitlrt.training.pipeline import RolloutsAhead, Taken
 from aitlrt.training.probe import check_sampling, make_weight_probe
 from aitlrt.training.rows import Row, RowStats, build_rows
-from aitlrt.training.weight_sync import make_weight_sync, proxy_request
+from aitlrt.training.weight_sync import make_weight_sync, proxy_request, zero3
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,13 @@ def micro_batches(prompt_lens: list[int], completion_lens: list[int], budget: in
     if current:
         groups.append(sorted(current))
     return groups
+
+
+def row_tokens(batch: dict[str, Any]) -> list[list[int]]:
+    """Each row of ``batch`` (trl's layout) as its tokens: prompt then completion, no padding."""
+    keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
+    parts = zip(*(batch[key] for key in keys), strict=True)
+    return [p[pm.bool()].tolist() + c[cm.bool()].tolist() for p, pm, c, cm in parts]
 
 
 def slice_rows(batch: dict[str, Any], rows: list[int], multiple: int | None = None) -> dict[str, Any]:
@@ -205,6 +213,7 @@ class AgentGRPOTrainer(GRPOTrainer):
         self._start_background()
         self._peeked: tuple[Any, Any] | None = None  # (epoch iterator, the next step's generation batch)
         self._fused_part: dict[str, Any] | None = None  # the micro-batch whose loss forward computes it
+        self._shares_prefix: bool | None = None  # decided at the first forward (_shared_prefix)
 
     # ---- the weight sync ---------------------------------------------------------------------------------------
     def sync_weights(self) -> float:
@@ -626,14 +635,33 @@ class AgentGRPOTrainer(GRPOTrainer):
         """trl's, with the LM head run on the scored positions only (``scored_positions_only``); inside the loss of
         a micro-batch whose ratio is fused (``_fused_part``), the ratio is computed from these logprobs (detached)
         before trl's loss reads the batch's advantages."""
-        head = self.accelerator.unwrap_model(model)
-        head = head.get_base_model() if is_peft_model(head) else head  # the model trl patched
-        with scored_positions_only(head, logits_to_keep):
+        head = self._patched_model(model)
+        sharing = shared_prefix_forward(head) if self._shared_prefix() else nullcontext()
+        with scored_positions_only(head, logits_to_keep), sharing:
             out = super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, **kwargs)
         part, self._fused_part = self._fused_part, None
         if part is not None:
             self._apply_fused_ratio(part, out[0].detach())
         return out
+
+    def _patched_model(self, model: Any) -> Any:
+        """The model trl patched with its fused LM head (under PEFT, the base model)."""
+        head = self.accelerator.unwrap_model(model)
+        return head.get_base_model() if is_peft_model(head) else head
+
+    def _shared_prefix(self) -> bool:
+        """Whether micro-batches are formed and forwarded sharing their common prefix (``shared_prefix``, where the
+        model and the parallelism allow it: else off, logged once)."""
+        if self._shares_prefix is None:
+            why = None
+            if self.args.shared_prefix:
+                why = supports_shared_prefix(self._patched_model(self.model))
+                if zero3(self) or self.is_fsdp_enabled:
+                    why = "ZeRO-3/FSDP shard the weights"
+                if why:
+                    log.info("shared_prefix off: %s", why)
+            self._shares_prefix = self.args.shared_prefix and why is None
+        return self._shares_prefix
 
     def _apply_fused_ratio(self, part: dict[str, Any], logps: torch.Tensor) -> None:
         """Weigh ``part``'s advantages by the importance-sampling ratio of ``logps`` (the policy at the start of the
@@ -650,13 +678,15 @@ class AgentGRPOTrainer(GRPOTrainer):
             part["advantages"] = part["advantages"] * ratio
 
     def _passes(self, batch: dict[str, Any]) -> tuple[list[list[int]], int]:
-        """``batch``'s micro-batches (``micro_batches``), then zero-loss one-row passes up to the largest rank's
-        count, so that every rank runs as many forwards (ZeRO-3 collectives); and how many are real."""
-        groups = micro_batches(
-            batch["prompt_mask"].sum(dim=1).tolist(),
-            batch["completion_mask"].sum(dim=1).tolist(),
-            self.args.max_tokens_per_forward,
-        )
+        """``batch``'s micro-batches (``prefix_batches`` with ``shared_prefix``, else ``micro_batches``), then
+        zero-loss one-row passes up to the largest rank's count, so that every rank runs as many forwards (ZeRO-3
+        collectives); and how many are real."""
+        budget = self.args.max_tokens_per_forward
+        if self._shared_prefix():
+            groups = prefix_batches(row_tokens(batch), budget)
+        else:
+            lens = batch["prompt_mask"].sum(dim=1).tolist(), batch["completion_mask"].sum(dim=1).tolist()
+            groups = micro_batches(*lens, budget)
         passes = int(gather(torch.tensor([len(groups)], device=self.accelerator.device)).max())
         return groups + [[groups[-1][-1]]] * (passes - len(groups)), len(groups)
 

@@ -1,0 +1,149 @@
+"""Forward a batch's common token prefix once: the rows of a GRPO group share their prompt (an Aider prompt is ~3,000
+tokens, an answer ~100), so a micro-batch of one group's rows runs the backbone over the prompt once and over each
+row's remaining tokens attending to the prompt's keys and values. The hidden states, logprobs and gradients are the
+plain forward's (the prefix's keys and values keep their graph: the backward goes through them once).
+
+Decoder-only models with transformers' ``DynamicCache`` (Llama, Qwen2, SmolLM2, ...). Not with gradient
+checkpointing (recomputing a layer would append to the cache again) nor with sharded parameters (ZeRO-3, FSDP: every
+rank must run the same number of forwards, and a prefix makes that number depend on the rows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+MIN_SHARED_TOKENS = 16
+"""A shorter common prefix is not worth the extra forward calls: the batch runs as it is."""
+
+
+def common_prefix_len(rows: Sequence[Sequence[int]]) -> int:
+    """Length of the longest token prefix that every row starts with."""
+    if not rows:
+        return 0
+    first, n = rows[0], min(len(row) for row in rows)
+    for row in rows[1:]:
+        k = 0
+        while k < n and row[k] == first[k]:
+            k += 1
+        n = k
+    return n
+
+
+def prefix_batches(rows: Sequence[Sequence[int]], budget: int | None) -> list[list[int]]:
+    """Row indices in micro-batches of rows that share long prefixes (rows in token order, so those of one group and
+    one model call are neighbours), each within ``budget`` distinct tokens: the common prefix once plus every row's
+    rest (a longer row goes alone; None: one micro-batch)."""
+    order = sorted(range(len(rows)), key=lambda i: list(rows[i]))
+    if budget is None:
+        return [sorted(order)] if order else []
+    groups: list[list[int]] = []
+    current: list[int] = []
+    shared = total = 0
+    for i in order:
+        if current:
+            joined = min(shared, common_prefix_len([rows[current[-1]], rows[i]]))
+            if joined + (total + len(rows[i])) - joined * (len(current) + 1) > budget:
+                groups.append(sorted(current))
+                current = []
+        if not current:
+            current, shared, total = [i], len(rows[i]), len(rows[i])
+            continue
+        shared = joined
+        current.append(i)
+        total += len(rows[i])
+    if current:
+        groups.append(sorted(current))
+    return groups
+
+
+def supports_shared_prefix(model: nn.Module) -> str | None:
+    """Why ``model`` cannot forward a shared prefix (None: it can)."""
+    backbone = getattr(model, "base_model", model)
+    if backbone is model:
+        return "the model exposes no separate backbone (base_model)"
+    if getattr(backbone, "is_gradient_checkpointing", False) or getattr(model, "is_gradient_checkpointing", False):
+        return "gradient checkpointing is on (a recomputed layer would append to the cache again)"
+    if getattr(model.config, "is_encoder_decoder", False):
+        return "an encoder-decoder model"
+    return None
+
+
+@contextmanager
+def shared_prefix_forward(model: nn.Module) -> Iterator[None]:
+    """Within this, a forward of ``model``'s backbone over ``input_ids`` and ``attention_mask`` (each row's tokens
+    one contiguous run: trl's left-padded prompt and right-padded completion) runs the rows' common prefix once when
+    it has at least ``MIN_SHARED_TOKENS`` tokens; any other call, or a batch of one row, runs as it is."""
+    from transformers import DynamicCache
+    from transformers.modeling_outputs import BaseModelOutputWithPast
+
+    backbone = getattr(model, "base_model", model)
+    original = backbone.forward
+    own = backbone.__dict__.get("forward")  # an instance-level forward (accelerate's hooks) comes back as it was
+
+    def new_cache() -> Any:
+        return DynamicCache(config=cast("PretrainedConfig", backbone.config))
+
+    def forward(
+        input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None, **kwargs: Any
+    ) -> Any:
+        hidden = None
+        if input_ids is not None and not any(v is not None and k != "use_cache" for k, v in kwargs.items()):
+            hidden = _forward_shared(original, new_cache, input_ids, attention_mask)
+        if hidden is None:
+            return original(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        return BaseModelOutputWithPast(last_hidden_state=cast(torch.FloatTensor, hidden))
+
+    backbone.forward = forward
+    try:
+        yield
+    finally:
+        if own is None:
+            del backbone.forward
+        else:
+            backbone.forward = own
+
+
+def _forward_shared(
+    original: Callable[..., Any], new_cache: Callable[[], Any], input_ids: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor | None:
+    """The backbone's last hidden states of ``input_ids`` with the rows' common prefix forwarded once (zero on
+    padding); None where that does not apply (one row, rows not contiguous, a prefix under ``MIN_SHARED_TOKENS``)."""
+    spans = _token_spans(input_ids, mask) if input_ids.dim() == 2 and input_ids.size(0) > 1 else None
+    if spans is None:
+        return None
+    rows = [ids[start:end] for ids, (start, end) in zip(input_ids, spans, strict=True)]
+    shared = min(common_prefix_len([row.tolist() for row in rows]), min(map(len, rows)) - 1)
+    if shared < MIN_SHARED_TOKENS:
+        return None
+    prefix = original(input_ids=rows[0][None, :shared], past_key_values=new_cache(), use_cache=True)
+    kv = [(layer.keys, layer.values) for layer in prefix.past_key_values.layers]
+    hidden = []
+    for row, (start, end) in zip(rows, spans, strict=True):
+        cache = new_cache()
+        for index, (keys, values) in enumerate(kv):
+            cache.update(keys, values, index)
+        rest = original(input_ids=row[None, shared:], past_key_values=cache, use_cache=True).last_hidden_state
+        states = torch.cat([prefix.last_hidden_state[0], rest[0]])
+        hidden.append(nn.functional.pad(states, (0, 0, start, input_ids.size(1) - end)))
+    return torch.stack(hidden)
+
+
+def _token_spans(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> list[tuple[int, int]] | None:
+    """Each row's [start, end) of real tokens; None where a row's tokens are not one contiguous run."""
+    if attention_mask is None:
+        return [(0, input_ids.size(1))] * input_ids.size(0)
+    spans = []
+    for mask in attention_mask.bool():
+        real = mask.nonzero().flatten()
+        if not len(real) or int(real[-1]) - int(real[0]) + 1 != len(real):
+            return None
+        spans.append((int(real[0]), int(real[-1]) + 1))
+    return spans
