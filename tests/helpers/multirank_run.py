@@ -28,11 +28,12 @@ from datasets import Dataset
 from tokenizers import Tokenizer, models
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from aitlrt.common.shared_prefix import prefix_batches
 from aitlrt.rollout.agents import AgentExit
 from aitlrt.tasks.task import task_from_row
 from aitlrt.training.config import AgentGRPOConfig
 from aitlrt.training.rows import Row
-from aitlrt.training.trainer import AgentGRPOTrainer, micro_batches
+from aitlrt.training.trainer import AgentGRPOTrainer, micro_batches, row_tokens
 
 
 class CountingAgent:
@@ -226,8 +227,12 @@ def micro_batch_main(repo: str, out: str, loss_type: str, budget: str) -> None:
     trainer._get_per_token_logps_and_entropies = counted  # type: ignore[method-assign]
     rows, owners = micro_rows(rollouts)
     batch = trainer._batch(rows, owners, [MICRO_ADVANTAGES[r] for r in rollouts], "train")[0]
-    lengths = batch["prompt_mask"].sum(dim=1).tolist(), batch["completion_mask"].sum(dim=1).tolist()
-    own = len(micro_batches(*lengths, int(budget)))  # the rank's own micro-batches, before padding passes
+    if trainer._shared_prefix():  # the rank's own micro-batches, before padding passes
+        own = len(prefix_batches(row_tokens(batch), int(budget)))
+    else:
+        own = len(
+            micro_batches(batch["prompt_mask"].sum(1).tolist(), batch["completion_mask"].sum(1).tolist(), int(budget))
+        )
     loss = trainer.compute_loss(trainer.model, batch)
     loss.backward()
     grads = [p.grad for p in trainer.model.parameters()]
