@@ -82,6 +82,14 @@ class WarmStartSFTConfig(SFTConfig):
     gradient_accumulation_steps: int = field(default=8, metadata={"help": "forward passes per optimizer step"})
     logging_steps: float = field(default=1, metadata={"help": "log (loss, tokens, lr) every N optimizer steps"})
     save_strategy: str = field(default="no", metadata={"help": "intermediate checkpoints: no, steps or epoch"})
+    freeze_layers: int = field(
+        default=0,
+        metadata={
+            "help": "full fine-tuning of the upper layers only: the input embeddings (and an LM head tied to them) and "
+            "the lowest N decoder layers keep their weights, and the backward pass stops above them (on CPU the "
+            "attention backward is most of a step). 0: train every weight"
+        },
+    )
 
     def __post_init__(self) -> None:
         if not torch.cuda.is_available():
@@ -271,7 +279,7 @@ class MetricsFile(TrainerCallback):
                 out.write(json.dumps({"step": state.global_step, "elapsed_s": round(elapsed, 3), **logs}) + "\n")
 
 
-def train_sft(script: SftScriptArguments, config: SFTConfig, model_args: ModelConfig) -> SftResult:
+def train_sft(script: SftScriptArguments, config: WarmStartSFTConfig, model_args: ModelConfig) -> SftResult:
     """Fine-tune ``model_args.model_name_or_path`` (``bundled``: the bundled model) on ``script.data`` with
     ``config``; LoRA with ``model_args.use_peft`` (merged at the end); write the full model to ``config.output_dir``.
     """
@@ -291,6 +299,10 @@ def train_sft(script: SftScriptArguments, config: SFTConfig, model_args: ModelCo
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype or "auto")
     base_config = AutoConfig.from_pretrained(model_path)
     peft_config = get_peft_config(model_args)
+    if config.freeze_layers:
+        if peft_config is not None:
+            raise ValueError("freeze_layers is for full fine-tuning; with use_peft only the LoRA adapters train")
+        freeze_lower_layers(model, config.freeze_layers)
     trainer = sft_trainer(kept, model, tokenizer, config, peft_config)
     _refuse_sharded(trainer)
     metrics = MetricsFile(out_dir / METRICS_FILE)
@@ -299,7 +311,11 @@ def train_sft(script: SftScriptArguments, config: SFTConfig, model_args: ModelCo
     log.info(
         "fine-tuning %s (%s) on %d rows of %s",
         model_path,
-        f"LoRA r={model_args.lora_r}, merged at the end" if lora else "all weights",
+        f"LoRA r={model_args.lora_r}, merged at the end"
+        if lora
+        else f"the layers above the lowest {config.freeze_layers}"
+        if config.freeze_layers
+        else "all weights",
         len(kept),
         script.data,
     )
@@ -324,6 +340,30 @@ def train_sft(script: SftScriptArguments, config: SFTConfig, model_args: ModelCo
     if trainer.accelerator.is_main_process:
         (out_dir / RESULT_FILE).write_text(json.dumps(result.as_json(), indent=1) + "\n")
     return result
+
+
+def freeze_lower_layers(model: PreTrainedModel, count: int) -> None:
+    """Turn off the gradients of ``model``'s input embeddings and of its lowest ``count`` decoder layers (an output
+    head tied to the embeddings freezes with them): no activation gradient is needed below the first trainable
+    layer, so autograd's backward ends there. ``ValueError`` for a count outside 1..layers-1 or a model without a
+    ``layers`` list in its decoder."""
+    layers = getattr(model.get_decoder(), "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise ValueError(f"freeze_layers: {type(model).__name__} has no list of decoder layers to freeze")
+    if not 0 < count < len(layers):
+        raise ValueError(f"freeze_layers must be between 1 and {len(layers) - 1} for {len(layers)} layers: {count}")
+    model.get_input_embeddings().requires_grad_(False)
+    for layer in layers[:count]:
+        layer.requires_grad_(False)
+    head = model.get_output_embeddings()
+    tied = head is not None and head.weight is model.get_input_embeddings().weight
+    log.info(
+        "freeze_layers: embeddings%s and decoder layers 0-%d keep their weights; layers %d-%d train",
+        " (and the tied LM head)" if tied else "",
+        count - 1,
+        count,
+        len(layers) - 1,
+    )
 
 
 def _refuse_sharded(trainer: SFTTrainer) -> None:

@@ -214,3 +214,42 @@ def test_label_smoothing_keeps_trls_full_logits(tokenizer, tmp_path):
     batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
     ours = type(trainer).compute_loss(trainer, trainer.model, dict(batch))
     torch.testing.assert_close(ours, SFTTrainer.compute_loss(trainer, trainer.model, dict(batch)))
+
+
+def test_freeze_layers_trains_the_upper_layers_only_and_the_backward_stops_above_the_frozen(tokenizer, tmp_path):
+    model_path = tmp_path / "tiny"
+    tiny_llama(len(tokenizer), 4096).save_pretrained(model_path)
+    tokenizer.save_pretrained(model_path)
+    before = {name: p.detach().clone() for name, p in tiny_llama(len(tokenizer), 4096).named_parameters()}
+    data = write(tmp_path / "t.jsonl", line(), line(answer=ANSWER.replace("* 3", "*3")))
+    reached: list[bool] = []  # does autograd need the bottom layer's output?
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained
+
+    def load(*args, **kwargs):
+        model = loaded(*args, **kwargs)
+        model.model.layers[0].register_forward_hook(lambda _m, _a, out: reached.append(out[0].requires_grad))
+        return model
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(AutoModelForCausalLM, "from_pretrained", load)
+        result = run_sft(data, str(model_path), tmp_path / "out", freeze_layers=1, max_steps=2, learning_rate=1e-2)
+    assert result.steps == 2 and reached and not any(reached)
+    after = dict(AutoModelForCausalLM.from_pretrained(tmp_path / "out").named_parameters())
+    changed = {name for name, p in after.items() if not torch.equal(p.detach(), before[name])}
+    assert changed and all(name.startswith(("model.layers.1.", "model.norm.", "lm_head.")) for name in changed)
+    assert any(name.startswith("model.layers.1.") for name in changed)
+    assert "lm_head.weight" in changed  # not tied in the tiny model: it trains
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"freeze_layers": 2}, "between 1 and 1 for 2 layers"),
+    ({"freeze_layers": 1, "use_peft": True}, "with use_peft only the LoRA adapters train"),
+])  # fmt: skip
+def test_freeze_layers_refuses_what_it_cannot_do(tokenizer, tmp_path, settings, message):
+    model_path = tmp_path / "tiny"
+    tiny_llama(len(tokenizer), 4096).save_pretrained(model_path)
+    tokenizer.save_pretrained(model_path)
+    with pytest.raises(ValueError, match=message):
+        run_sft(write(tmp_path / "t.jsonl", line()), str(model_path), tmp_path / "out", max_steps=1, **settings)
