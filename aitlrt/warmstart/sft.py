@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -24,6 +25,7 @@ from transformers import TrainerCallback
 from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser
 
 from aitlrt.common.lm_head import scored_positions_only
+from aitlrt.common.shared_prefix import shared_prefix_forward, supports_shared_prefix
 
 if TYPE_CHECKING:
     from peft import PeftConfig
@@ -61,10 +63,10 @@ class WarmStartSFTConfig(SFTConfig):
 
     Differences from trl: ``gradient_checkpointing`` off (it costs an extra forward; a small model needs no memory
     saving), ``max_length`` 4096 (Aider prompts of ~2k tokens plus whole-file answers; a longer row is dropped and
-    counted, not truncated: trl keeps the start, so the completion would be cut), batches of 1 row with 8
-    accumulation steps (rows differ a lot in length: no padding), loss logged every step, nothing saved but the final
-    model. Without CUDA: ``use_cpu`` and fp32 instead of trl's bf16 autocast (exact, and fast on any CPU; ``bf16``
-    true is faster on CPUs with AMX).
+    counted, not truncated: trl keeps the start, so the completion would be cut), batches of 2 rows with 4
+    accumulation steps (the two rows' common prefix runs once and no padding is computed: ``shared_prefix``), loss
+    logged every step, nothing saved but the final model. Without CUDA: ``use_cpu`` and fp32 instead of trl's bf16
+    autocast (exact, and fast on any CPU; ``bf16`` true is faster on CPUs with AMX).
     """
 
     output_dir: str | None = field(default="runs/sft", metadata={"help": "the fine-tuned full model goes here"})
@@ -78,10 +80,18 @@ class WarmStartSFTConfig(SFTConfig):
             "dropped and counted, as trl's truncation would cut their completion"
         },
     )
-    per_device_train_batch_size: int = field(default=1, metadata={"help": "rows per forward pass"})
-    gradient_accumulation_steps: int = field(default=8, metadata={"help": "forward passes per optimizer step"})
+    per_device_train_batch_size: int = field(default=2, metadata={"help": "rows per forward pass"})
+    gradient_accumulation_steps: int = field(default=4, metadata={"help": "forward passes per optimizer step"})
     logging_steps: float = field(default=1, metadata={"help": "log (loss, tokens, lr) every N optimizer steps"})
     save_strategy: str = field(default="no", metadata={"help": "intermediate checkpoints: no, steps or epoch"})
+    shared_prefix: bool = field(
+        default=True,
+        metadata={
+            "help": "a batch's rows run their common token prefix (Aider's system prompt and few-shot turns, ~1,600 "
+            "tokens) once, and each row's rest against its keys and values, skipping the padding: same loss and "
+            "gradients; needs per_device_train_batch_size > 1 to matter; off under gradient checkpointing"
+        },
+    )
     freeze_layers: int = field(
         default=0,
         metadata={
@@ -197,7 +207,10 @@ class CompletionHeadSFTTrainer(SFTTrainer):
     on (``scored_positions_only``): loss, gradients, entropy and accuracy unchanged. An Aider row is ~97% prompt
     (~3,000 prompt tokens for a ~80-token answer), and on CPU trl's fused head projects every position. Left as
     trl's where its loss needs the full logits (``compute_loss_func``, label smoothing) or shards the sequence
-    (sequence parallelism)."""
+    (sequence parallelism). With ``shared_prefix`` the backbone runs a batch's common prefix once
+    (``shared_prefix_forward``)."""
+
+    _sharing: bool | None = None  # decided at the first forward (_shares_prefix)
 
     def compute_loss(
         self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None
@@ -213,12 +226,25 @@ class CompletionHeadSFTTrainer(SFTTrainer):
         ):
             labelled = (labels != -100).any(dim=0).nonzero()
             first = int(labelled[0]) if len(labelled) else 0
-        if not first:
-            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         head = self.accelerator.unwrap_model(model)
         head = head.get_base_model() if is_peft_model(head) else head
-        with scored_positions_only(head, cast(torch.Tensor, labels).shape[1] - first):
+        scoring = scored_positions_only(head, cast(torch.Tensor, labels).shape[1] - first) if first else nullcontext()
+        sharing = shared_prefix_forward(head) if self._shares_prefix(head) else nullcontext()
+        with scoring, sharing:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    def _shares_prefix(self, head: Any) -> bool:
+        """Whether a batch's rows run their common prefix once (``shared_prefix``, where the model allows it: else
+        off, logged once)."""
+        if self._sharing is None:
+            asked = bool(getattr(self.args, "shared_prefix", False))
+            why = supports_shared_prefix(head)
+            if getattr(getattr(self.accelerator, "parallelism_config", None), "sp_enabled", False):
+                why = "sequence parallelism shards the rows"
+            if asked and why:
+                log.info("shared_prefix off: %s", why)
+            self._sharing = asked and why is None
+        return self._sharing
 
 
 def sft_trainer(

@@ -158,7 +158,8 @@ def test_cpu_defaults_and_flags_override_them(tmp_path):
     assert (config.use_cpu, config.bf16, config.gradient_checkpointing) == (True, False, False)
     assert (config.max_length, config.truncation_mode, config.completion_only_loss) == (4096, "keep_start", None)
     assert (config.save_strategy, config.report_to, config.logging_steps) == ("no", [], 1)
-    assert (config.per_device_train_batch_size, config.gradient_accumulation_steps) == (1, 8)
+    assert (config.per_device_train_batch_size, config.gradient_accumulation_steps) == (2, 4)
+    assert config.shared_prefix and config.freeze_layers == 0
     assert (model_args.dtype, model_args.use_peft) == ("float32", False)
 
     flags = ["--gradient_checkpointing", "true", "--max_length", "8192", "--save_strategy", "steps"]
@@ -253,3 +254,36 @@ def test_freeze_layers_refuses_what_it_cannot_do(tokenizer, tmp_path, settings, 
     tokenizer.save_pretrained(model_path)
     with pytest.raises(ValueError, match=message):
         run_sft(write(tmp_path / "t.jsonl", line()), str(model_path), tmp_path / "out", max_steps=1, **settings)
+
+
+def test_shared_prefix_runs_the_common_prompt_once_with_trls_loss_and_gradients(tokenizer, tmp_path):
+    """Two rows that share the system prompt and few-shot turns, then differ (and differ in length: padding)."""
+    other = line(user="mathy.py\n```\n" + "y = 2\n" * 20 + "def triple(x):\n    return x + 3\n```\nFix it.")
+    rows = load_sft_rows(write(tmp_path / "t.jsonl", line(), other))
+    seen: list[int] = []
+
+    def run(shared: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        config = WarmStartSFTConfig(
+            output_dir=str(tmp_path), per_device_train_batch_size=2, report_to="none", shared_prefix=shared
+        )
+        trainer = sft_trainer(rows, tiny_llama(len(tokenizer), 4096), tokenizer, config)
+        batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+        seen.clear()
+        trainer.model.model.layers[0].register_forward_hook(lambda _m, args, _o: seen.append(args[0].shape[1]))
+        loss = trainer.compute_loss(trainer.model, dict(batch), num_items_in_batch=None)
+        loss.backward()
+        return loss.detach(), [p.grad for p in trainer.model.parameters()], batch["input_ids"].shape[1]
+
+    plain_loss, plain_grads, width = run(False)
+    assert seen == [width]
+    shared_loss, shared_grads, _ = run(True)
+    lengths = [
+        len(tokenizer.apply_chat_template(r["prompt"] + r["completion"], tokenize=True, return_dict=True)["input_ids"])
+        for r in rows
+    ]
+    prefix = seen[0]
+    assert len(seen) == 3 and sorted(seen[1:]) == sorted(n - prefix for n in lengths)  # the prefix once; no padding
+    assert 50 < prefix < min(lengths)
+    torch.testing.assert_close(shared_loss, plain_loss)
+    for x, y in zip(shared_grads, plain_grads, strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6)
