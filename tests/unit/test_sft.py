@@ -158,7 +158,7 @@ def test_cpu_defaults_and_flags_override_them(tmp_path):
     assert (config.use_cpu, config.bf16, config.gradient_checkpointing) == (True, False, False)
     assert (config.max_length, config.truncation_mode, config.completion_only_loss) == (4096, "keep_start", None)
     assert (config.save_strategy, config.report_to, config.logging_steps) == ("no", [], 1)
-    assert (config.per_device_train_batch_size, config.gradient_accumulation_steps) == (2, 4)
+    assert (config.per_device_train_batch_size, config.gradient_accumulation_steps) == (1, 8)
     assert config.shared_prefix and config.freeze_layers == 0
     assert (model_args.dtype, model_args.use_peft) == ("float32", False)
 
