@@ -262,7 +262,7 @@ def test_shared_prefix_runs_the_common_prompt_once_with_trls_loss_and_gradients(
     rows = load_sft_rows(write(tmp_path / "t.jsonl", line(), other))
     seen: list[int] = []
 
-    def run(shared: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def run(shared: bool) -> tuple[torch.Tensor, list[torch.Tensor], int]:
         config = WarmStartSFTConfig(
             output_dir=str(tmp_path), per_device_train_batch_size=2, report_to="none", shared_prefix=shared
         )
