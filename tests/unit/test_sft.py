@@ -287,3 +287,46 @@ def test_shared_prefix_runs_the_common_prompt_once_with_trls_loss_and_gradients(
     torch.testing.assert_close(shared_loss, plain_loss)
     for x, y in zip(shared_grads, plain_grads, strict=True):
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6)
+
+
+def test_detach_prompt_keeps_the_loss_and_runs_the_backward_over_the_completion_only(tokenizer, tmp_path):
+    """Two rows of different lengths (right padding): the prompt columns before the one predicting the first answer
+    token run once without autograd; the loss and the LM head's gradient are the plain path's, the layers' are not
+    (no path through the prompt's keys and values)."""
+    other = line(user="mathy.py\n```\n" + "y = 2\n" * 20 + "def triple(x):\n    return x + 3\n```\nFix it.")
+    rows = load_sft_rows(write(tmp_path / "t.jsonl", line(), other))
+    seen: list[tuple[int, bool]] = []  # the first layer's calls: (positions, does autograd need its output)
+
+    def run(detach: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
+        config = WarmStartSFTConfig(
+            output_dir=str(tmp_path), per_device_train_batch_size=2, report_to="none", detach_prompt=detach
+        )
+        trainer = sft_trainer(rows, tiny_llama(len(tokenizer), 4096), tokenizer, config)
+        batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+        seen.clear()
+        trainer.model.model.layers[0].register_forward_hook(
+            lambda _m, args, out: seen.append(
+                (args[0].shape[1], (out[0] if isinstance(out, tuple) else out).requires_grad)
+            )
+        )
+        loss = trainer.compute_loss(trainer.model, dict(batch), num_items_in_batch=None)
+        loss.backward()
+        first = int((batch["labels"] != -100).any(dim=0).nonzero()[0])
+        return loss.detach(), {n: p.grad for n, p in trainer.model.named_parameters()}, first
+
+    plain_loss, plain_grads, first = run(False)
+    detached_loss, detached_grads, _ = run(True)
+    total = seen[0][0] + seen[1][0]
+    assert seen == [(first - 1, False), (total - first + 1, True)] and first > 50
+    torch.testing.assert_close(detached_loss, plain_loss)
+    for name in ("lm_head.weight", "model.norm.weight"):  # they see the scored positions' hidden states only
+        torch.testing.assert_close(detached_grads[name], plain_grads[name], rtol=1e-4, atol=1e-6)
+    attention = "model.layers.0.self_attn.k_proj.weight"
+    assert detached_grads[attention].abs().sum() > 0
+    assert not torch.allclose(detached_grads[attention], plain_grads[attention], rtol=1e-2, atol=1e-6)
+
+
+@pytest.mark.parametrize("setting", ["gradient_checkpointing", "padding_free"])
+def test_detach_prompt_refuses_settings_that_break_its_two_forwards(tmp_path, setting):
+    with pytest.raises(ValueError, match=f"detach_prompt .* not with {setting}"):
+        WarmStartSFTConfig(output_dir=str(tmp_path), detach_prompt=True, **{setting: True})
