@@ -11,7 +11,7 @@ rank must run the same number of forwards, and a prefix makes that number depend
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -77,10 +77,10 @@ def supports_shared_prefix(model: nn.Module) -> str | None:
 
 
 @contextmanager
-def _backbone_forward(model: nn.Module, hidden_states: Callable[..., torch.Tensor | None]) -> Iterator[None]:
-    """Within this, a forward of ``model``'s backbone over ``input_ids`` and ``attention_mask`` alone returns
-    ``hidden_states(original_forward, new_cache, input_ids, attention_mask)`` as its last hidden states; where that
-    is None, or the call has other arguments, the backbone runs as it is."""
+def shared_prefix_forward(model: nn.Module) -> Iterator[None]:
+    """Within this, a forward of ``model``'s backbone over ``input_ids`` and ``attention_mask`` (each row's tokens
+    one contiguous run: trl's left-padded prompt and right-padded completion) runs the rows' common prefix once when
+    it has at least ``MIN_SHARED_TOKENS`` tokens; any other call, or a batch of one row, runs as it is."""
     from transformers import DynamicCache
     from transformers.modeling_outputs import BaseModelOutputWithPast
 
@@ -96,7 +96,7 @@ def _backbone_forward(model: nn.Module, hidden_states: Callable[..., torch.Tenso
     ) -> Any:
         hidden = None
         if input_ids is not None and not any(v is not None and k != "use_cache" for k, v in kwargs.items()):
-            hidden = hidden_states(original, new_cache, input_ids, attention_mask)
+            hidden = _forward_shared(original, new_cache, input_ids, attention_mask)
         if hidden is None:
             return original(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         return BaseModelOutputWithPast(last_hidden_state=cast(torch.FloatTensor, hidden))
@@ -109,40 +109,6 @@ def _backbone_forward(model: nn.Module, hidden_states: Callable[..., torch.Tenso
             del backbone.forward
         else:
             backbone.forward = own
-
-
-def shared_prefix_forward(model: nn.Module) -> AbstractContextManager[None]:
-    """Within this, a forward of ``model``'s backbone over ``input_ids`` and ``attention_mask`` (each row's tokens
-    one contiguous run: trl's left-padded prompt and right-padded completion) runs the rows' common prefix once when
-    it has at least ``MIN_SHARED_TOKENS`` tokens; any other call, or a batch of one row, runs as it is."""
-    return _backbone_forward(model, _forward_shared)
-
-
-def detached_prefix_forward(model: nn.Module, length: int) -> AbstractContextManager[None]:
-    """Within this, a forward of ``model``'s backbone over ``input_ids`` (and ``attention_mask``) longer than
-    ``length`` runs the first ``length`` positions without autograd and the rest against their keys and values:
-    the same hidden states, but the backward covers the rest only; the gradient leaves out every path through the
-    prefix's keys and values (an approximation, not the plain gradient)."""
-
-    def hidden_states(
-        original: Callable[..., Any], new_cache: Callable[[], Any], input_ids: torch.Tensor, mask: torch.Tensor | None
-    ) -> torch.Tensor | None:
-        if not 0 < length < input_ids.size(1):
-            return None
-        cache = new_cache()
-        with torch.no_grad():
-            head = original(
-                input_ids=input_ids[:, :length],
-                attention_mask=None if mask is None else mask[:, :length],
-                past_key_values=cache,
-                use_cache=True,
-            ).last_hidden_state
-        rest = original(
-            input_ids=input_ids[:, length:], attention_mask=mask, past_key_values=cache, use_cache=True
-        ).last_hidden_state
-        return torch.cat([head, rest], dim=1)
-
-    return _backbone_forward(model, hidden_states)
 
 
 def _forward_shared(

@@ -25,7 +25,7 @@ from transformers import TrainerCallback
 from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser
 
 from aitlrt.common.lm_head import scored_positions_only
-from aitlrt.common.shared_prefix import detached_prefix_forward, shared_prefix_forward, supports_shared_prefix
+from aitlrt.common.shared_prefix import shared_prefix_forward, supports_shared_prefix
 
 if TYPE_CHECKING:
     from peft import PeftConfig
@@ -102,26 +102,8 @@ class WarmStartSFTConfig(SFTConfig):
             "attention backward is most of a step). 0: train every weight"
         },
     )
-    detach_prompt: bool = field(
-        default=False,
-        metadata={
-            "help": "the prompt runs forward without autograd and the completion against its keys and values: the "
-            "same loss, but the backward covers the completion's positions only (an Aider row is ~97%% prompt), so "
-            "the gradient leaves out every path through the prompt's keys and values (an approximation). Not with "
-            "gradient_checkpointing or padding_free"
-        },
-    )
 
     def __post_init__(self) -> None:
-        if self.detach_prompt and (self.gradient_checkpointing or self.padding_free):
-            raise ValueError(
-                "detach_prompt runs the prompt and the completion as two forwards over one cache: not with "
-                + (
-                    "gradient_checkpointing (a recomputed layer would append to the cache again)"
-                    if self.gradient_checkpointing
-                    else "padding_free (its rows are packed into one sequence)"
-                )
-            )
         if not torch.cuda.is_available():
             self.use_cpu = True
             if self.bf16 is None:
@@ -228,8 +210,7 @@ class CompletionHeadSFTTrainer(SFTTrainer):
     (~3,000 prompt tokens for a ~80-token answer), and on CPU trl's fused head projects every position. Left as
     trl's where its loss needs the full logits (``compute_loss_func``, label smoothing) or shards the sequence
     (sequence parallelism). With ``shared_prefix`` the backbone runs a batch's common prefix once
-    (``shared_prefix_forward``); with ``detach_prompt`` it runs the prompt without autograd
-    (``detached_prefix_forward``)."""
+    (``shared_prefix_forward``)."""
 
     _sharing: bool | None = None  # decided at the first forward (_shares_prefix)
 
@@ -237,26 +218,21 @@ class CompletionHeadSFTTrainer(SFTTrainer):
         self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None
     ) -> Any:
         labels = inputs.get("labels")
-        parallel = getattr(self.accelerator, "parallelism_config", None)
-        sharded = getattr(parallel, "sp_enabled", False)
         first = 0  # the first labelled position of the batch
-        if isinstance(labels, torch.Tensor) and labels.dim() == 2 and not sharded:
+        parallel = getattr(self.accelerator, "parallelism_config", None)
+        full_logits = self.compute_loss_func is not None or self.label_smoother is not None
+        if (
+            isinstance(labels, torch.Tensor)
+            and labels.dim() == 2
+            and not (return_outputs or full_logits or getattr(parallel, "sp_enabled", False))
+        ):
             labelled = (labels != -100).any(dim=0).nonzero()
             first = int(labelled[0]) if len(labelled) else 0
-        detach = bool(getattr(self.args, "detach_prompt", False))
-        if detach and sharded:
-            raise ValueError("detach_prompt: sequence parallelism shards the rows; turn one of them off")
-        full_logits = return_outputs or self.compute_loss_func is not None or self.label_smoother is not None
         head = self.accelerator.unwrap_model(model)
         head = head.get_base_model() if is_peft_model(head) else head
-        scoring = nullcontext()
-        if first and not full_logits:
-            scoring = scored_positions_only(head, cast(torch.Tensor, labels).shape[1] - first)
-        if detach:  # up to the position that predicts the first labelled token
-            forward = detached_prefix_forward(head, first - 1) if first > 1 else nullcontext()
-        else:
-            forward = shared_prefix_forward(head) if self._shares_prefix(head) else nullcontext()
-        with scoring, forward:
+        scoring = scored_positions_only(head, cast(torch.Tensor, labels).shape[1] - first) if first else nullcontext()
+        sharing = shared_prefix_forward(head) if self._shares_prefix(head) else nullcontext()
+        with scoring, sharing:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
     def _shares_prefix(self, head: Any) -> bool:
