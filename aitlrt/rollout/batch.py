@@ -76,6 +76,24 @@ def served_model(proxy: str) -> str:
     return models[0]["id"]
 
 
+PROGRESS_LOG_EVERY_S = 30.0
+"""How often ``run_batch`` logs its progress line when its caller passes no ``on_progress``."""
+
+
+def log_progress(every_s: float = PROGRESS_LOG_EVERY_S) -> Callable[[Progress], None]:
+    """An ``on_progress`` callback for library callers (the held-out evaluations of a training run, the warm start's
+    teacher rollouts, benchmarks): the progress line in the log at most every ``every_s`` seconds, and at the end."""
+    last = [time.monotonic()]
+
+    def show(progress: Progress) -> None:
+        now = time.monotonic()
+        if progress.done == progress.total or now - last[0] >= every_s:
+            log.info("%s", progress.line())
+            last[0] = now
+
+    return show
+
+
 def run_batch(
     prepared: Sequence[PreparedTask],
     proxy: str,
@@ -84,7 +102,8 @@ def run_batch(
     model: str | None = None,
     on_progress: Callable[[Progress], None] | None = None,
 ) -> Batch:
-    """``settings.n`` rollouts of every task through ``proxy`` (model: the proxy's first), in task order."""
+    """``settings.n`` rollouts of every task through ``proxy`` (model: the proxy's first), in task order; progress
+    goes to ``on_progress``, by default to the log every ``PROGRESS_LOG_EVERY_S`` (``log_progress``)."""
     proxy = proxy.rstrip("/")
     model = model or served_model(proxy)
     stamp = time.strftime("%H%M%S")
@@ -121,7 +140,7 @@ def run_batch(
         proxy,
     )
     try:
-        outcomes = runner.run(requests, on_progress=on_progress)
+        outcomes = runner.run(requests, on_progress=on_progress or log_progress())
     finally:
         runner.close()
         if hasattr(agent, "close"):
