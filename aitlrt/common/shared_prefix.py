@@ -10,6 +10,7 @@ rank must run the same number of forwards, and a prefix makes that number depend
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, cast
@@ -19,6 +20,8 @@ from torch import nn
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
+
+log = logging.getLogger(__name__)
 
 MIN_SHARED_TOKENS = 16
 """A shorter common prefix is not worth the extra forward calls: the batch runs as it is."""
@@ -74,6 +77,17 @@ def supports_shared_prefix(model: nn.Module) -> str | None:
     if getattr(model.config, "is_encoder_decoder", False):
         return "an encoder-decoder model"
     return None
+
+
+def use_shared_prefix(asked: bool, model: nn.Module, blocked: str | None = None) -> bool:
+    """Whether a trainer forwards shared prefixes: ``asked`` and neither ``model`` (``supports_shared_prefix``) nor
+    the caller's ``blocked`` reason (its parallelism) rules it out; when asked and ruled out, logs why."""
+    if not asked:
+        return False
+    why = blocked or supports_shared_prefix(model)
+    if why:
+        log.info("shared_prefix off: %s", why)
+    return why is None
 
 
 @contextmanager

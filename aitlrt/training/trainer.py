@@ -62,7 +62,7 @@ from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import nanmax, nanmin, pad, use_adapter
 
 from aitlrt.common.lm_head import scored_positions_only
-from aitlrt.common.shared_prefix import prefix_batches, shared_prefix_forward, supports_shared_prefix
+from aitlrt.common.shared_prefix import prefix_batches, shared_prefix_forward, use_shared_prefix
 from aitlrt.rewards.builtin import EarlyGrader, tests_pass, tests_pass_fraction
 from aitlrt.rewards.inputs import reward_row
 from aitlrt.rollout.agents import AgentTask, make_agent
@@ -653,14 +653,9 @@ class AgentGRPOTrainer(GRPOTrainer):
         """Whether micro-batches are formed and forwarded sharing their common prefix (``shared_prefix``, where the
         model and the parallelism allow it: else off, logged once)."""
         if self._shares_prefix is None:
-            why = None
-            if self.args.shared_prefix:
-                why = supports_shared_prefix(self._patched_model(self.model))
-                if zero3(self) or self.is_fsdp_enabled:
-                    why = "ZeRO-3/FSDP shard the weights"
-                if why:
-                    log.info("shared_prefix off: %s", why)
-            self._shares_prefix = self.args.shared_prefix and why is None
+            sharded = "ZeRO-3/FSDP shard the weights" if zero3(self) or self.is_fsdp_enabled else None
+            model = self._patched_model(self.model)
+            self._shares_prefix = use_shared_prefix(self.args.shared_prefix, model, sharded)
         return self._shares_prefix
 
     def _apply_fused_ratio(self, part: dict[str, Any], logps: torch.Tensor) -> None:

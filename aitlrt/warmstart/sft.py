@@ -25,7 +25,7 @@ from transformers import TrainerCallback
 from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser
 
 from aitlrt.common.lm_head import scored_positions_only
-from aitlrt.common.shared_prefix import shared_prefix_forward, supports_shared_prefix
+from aitlrt.common.shared_prefix import shared_prefix_forward, use_shared_prefix
 
 if TYPE_CHECKING:
     from peft import PeftConfig
@@ -239,13 +239,9 @@ class CompletionHeadSFTTrainer(SFTTrainer):
         """Whether a batch's rows run their common prefix once (``shared_prefix``, where the model allows it: else
         off, logged once)."""
         if self._sharing is None:
-            asked = bool(getattr(self.args, "shared_prefix", False))
-            why = supports_shared_prefix(head)
-            if getattr(getattr(self.accelerator, "parallelism_config", None), "sp_enabled", False):
-                why = "sequence parallelism shards the rows"
-            if asked and why:
-                log.info("shared_prefix off: %s", why)
-            self._sharing = asked and why is None
+            parallel = getattr(self.accelerator, "parallelism_config", None)
+            sharded = "sequence parallelism shards the rows" if getattr(parallel, "sp_enabled", False) else None
+            self._sharing = use_shared_prefix(bool(getattr(self.args, "shared_prefix", False)), head, sharded)
         return self._sharing
 
 

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from aitlrt.common.shared_prefix import common_prefix_len, prefix_batches, shared_prefix_forward
+from aitlrt.common.shared_prefix import common_prefix_len, prefix_batches, shared_prefix_forward, use_shared_prefix
 from aitlrt.training.rows import Row
 
 ADVANTAGES = [1.0, -0.5, 0.25, -1.5, 0.75]
@@ -98,11 +98,15 @@ def test_a_shared_prefix_gives_the_plain_loss_gradients_and_metrics(trainer, los
             assert shared[2][key] == pytest.approx(plain[2][key], rel=1e-4, abs=1e-6), key
 
 
-def test_shared_prefix_is_off_under_gradient_checkpointing(trainer, layer_calls):
+def test_shared_prefix_is_off_under_gradient_checkpointing(trainer, layer_calls, caplog):
     trainer.model.gradient_checkpointing_enable()
     try:
-        run(trainer, True, 80, layer_calls)
+        with caplog.at_level("INFO", logger="aitlrt.common.shared_prefix"):
+            run(trainer, True, 80, layer_calls)
         assert trainer._shares_prefix is False
+        assert [r.getMessage() for r in caplog.records if "shared_prefix off" in r.getMessage()] == [
+            "shared_prefix off: gradient checkpointing is on (a recomputed layer would append to the cache again)"
+        ]  # once, however many forwards
         assert all(width > 30 for width in layer_calls)  # padded passes, no prefix alone
     finally:
         trainer.model.gradient_checkpointing_disable()
@@ -137,3 +141,16 @@ def test_the_bundled_model_gives_the_same_hidden_states_on_a_real_prompt(model_d
     difference = sum((x - y).square().sum() for x, y in zip(plain[1], shared[1], strict=True)) ** 0.5
     assert difference / sum(x.square().sum() for x in plain[1]) ** 0.5 < 1e-5  # fp32 summation order only
     torch.testing.assert_close(unrelated[0][:2], plain[0], rtol=1e-4, atol=1e-4)
+
+
+def test_use_shared_prefix_says_why_it_is_off_only_when_asked(trainer, caplog):
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    with caplog.at_level("INFO", logger="aitlrt.common.shared_prefix"):
+        assert use_shared_prefix(True, model) is True
+        assert use_shared_prefix(False, model, "ZeRO-3/FSDP shard the weights") is False
+        assert use_shared_prefix(True, model, "ZeRO-3/FSDP shard the weights") is False
+        assert use_shared_prefix(True, torch.nn.Linear(2, 2)) is False
+    assert [r.getMessage() for r in caplog.records] == [
+        "shared_prefix off: ZeRO-3/FSDP shard the weights",
+        "shared_prefix off: the model exposes no separate backbone (base_model)",
+    ]
