@@ -113,7 +113,11 @@ class Progress:
     total: int
     done: int = 0
     running: int = 0
+    patched: int = 0
+    """Rollouts done whose workspace has a non-empty patch (whatever their status)."""
     failed: int = 0
+    """Rollouts done that failed outside the policy (``infrastructure_failure``); the policy's own failures
+    (``no_patch``, ``call_limit``, ``timeout``, a crash after answered calls) are not counted here."""
     calls: int = 0
     tokens: int = 0
     started: float = field(default_factory=time.monotonic)
@@ -121,7 +125,8 @@ class Progress:
     def line(self) -> str:
         elapsed = time.monotonic() - self.started
         return (
-            f"rollouts {self.done}/{self.total} done, {self.running} running, {self.failed} failed | "
+            f"rollouts {self.done}/{self.total} done, {self.running} running | {self.patched} with a patch, "
+            f"{self.failed} failed outside the policy | "
             f"{self.calls} calls, {self.tokens / max(elapsed, 1e-9):.1f} tok/s | {elapsed:.0f}s"
         )
 
@@ -241,7 +246,8 @@ class RolloutRunner:
             on_progress,
             running=-1,
             done=1,
-            failed=int(status not in ("ok", "no_patch")),
+            patched=int(bool(patch.strip())),
+            failed=int(infrastructure_failure(status, outcome.calls)),
             calls=outcome.calls,
             tokens=outcome.completion_tokens,
         )

@@ -257,7 +257,8 @@ def test_rollout_cli_runs_tasks_and_reports_bad_rows(repo, scripted_upstream, st
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "statuses: ok=2" in done.stdout and "rollouts 2/2 done" in done.stdout
+    assert "statuses: ok=2" in done.stdout
+    assert "rollouts 2/2 done, 0 running | 2 with a patch, 0 failed outside the policy" in done.stdout
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["status"] for r in rows] == ["ok", "ok"] and all("+    return a + b" in r["patch"] for r in rows)
     assert all(len(r["trace"]) == 1 for r in rows)

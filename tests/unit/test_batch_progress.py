@@ -21,8 +21,8 @@ def test_progress_is_logged_at_most_every_interval_and_when_the_last_rollout_is_
         show(progress)
     lines = [r.getMessage() for r in caplog.records if r.name == batch.__name__]
     assert lines == [
-        "rollouts 1/3 done, 0 running, 0 failed | 0 calls, 0.0 tok/s | 31s",
-        "rollouts 3/3 done, 0 running, 0 failed | 0 calls, 0.0 tok/s | 45s",
+        "rollouts 1/3 done, 0 running | 0 with a patch, 0 failed outside the policy | 0 calls, 0.0 tok/s | 31s",
+        "rollouts 3/3 done, 0 running | 0 with a patch, 0 failed outside the policy | 0 calls, 0.0 tok/s | 45s",
     ]
 
 
