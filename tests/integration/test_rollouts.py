@@ -269,3 +269,23 @@ def test_rollout_cli_runs_tasks_and_reports_bad_rows(repo, scripted_upstream, st
     bad = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 0 and "statuses: ok=2" in bad.stdout, bad.stdout + bad.stderr
     assert "skipping bad row" in bad.stderr and "tasks.jsonl:2 (task broken-7): no repository source" in bad.stderr
+
+
+def test_a_batch_run_from_library_code_logs_its_progress(repo, scripted_upstream, start_proxy, caplog):
+    """``run_batch`` without ``on_progress`` (the held-out evaluations, the warm start, the benches) logs the
+    progress line (``log_progress``); here at the end, as the batch takes under its 30 s."""
+    from aitlrt.rollout.batch import PreparedTask, RolloutSettings, run_batch
+    from aitlrt.tasks.task import task_from_row
+
+    src, base = repo
+    proxy = start_proxy(scripted_upstream)
+    script(scripted_upstream, "LIBFIX", f"calc.py\n```python\n{FIXED}```\n")
+    row = {"instance_id": "calc-1", "problem_statement": "LIBFIX: fix add()", "repo_path": str(src)}
+    task = task_from_row({**row, "files": ["calc.py"]})
+    with caplog.at_level("INFO", logger="aitlrt.rollout.batch"):
+        batch = run_batch([PreparedTask(task, src, base)], proxy.url, RolloutSettings(n=2, agent="single-call"))
+    assert [o.status for o in batch.outcomes] == ["ok", "ok"]
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("rollouts ")]
+    assert len(lines) == 1 and lines[0].startswith(
+        "rollouts 2/2 done, 0 running | 2 with a patch, 0 failed outside the policy | 2 calls"
+    )

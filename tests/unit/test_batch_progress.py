@@ -24,27 +24,3 @@ def test_progress_is_logged_at_most_every_interval_and_when_the_last_rollout_is_
         "rollouts 1/3 done, 0 running | 0 with a patch, 0 failed outside the policy | 0 calls, 0.0 tok/s | 31s",
         "rollouts 3/3 done, 0 running | 0 with a patch, 0 failed outside the policy | 0 calls, 0.0 tok/s | 45s",
     ]
-
-
-def test_run_batch_logs_progress_unless_given_a_callback(monkeypatch):
-    """The default callback is ``log_progress``; a caller's own replaces it."""
-    seen: list = []
-
-    class Runner:
-        def __init__(self, *_a, **_kw) -> None:
-            pass
-
-        def run(self, requests, on_progress=None):
-            seen.append(on_progress)
-            return []
-
-        def close(self) -> None:
-            pass
-
-    monkeypatch.setattr(batch, "RolloutRunner", Runner)
-    monkeypatch.setattr(batch, "make_agent", lambda *_a: object())
-    settings = batch.RolloutSettings(agent="single-call")
-    mine = print
-    batch.run_batch([], "http://127.0.0.1:1", settings, model="m")
-    batch.run_batch([], "http://127.0.0.1:1", settings, model="m", on_progress=mine)
-    assert seen[0].__qualname__ == "log_progress.<locals>.show" and seen[1] is mine
