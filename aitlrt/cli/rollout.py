@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from aitlrt.rollout.agents.aider import REMINDERS
 from aitlrt.rollout.batch import PreparedTask, RolloutSettings, prepare_tasks, run_batch, write_outcomes
 from aitlrt.rollout.runner import Progress, RolloutOutcome
 from aitlrt.tasks.loader import load_tasks, parse_overrides
@@ -27,6 +28,13 @@ def add_rollout_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n", type=int, default=1, help="rollouts per task")
     p.add_argument("--agent", default="aider-warm", help="aider-warm (warm workers), aider (CLI) or single-call")
     p.add_argument("--edit-format", default="whole", help="Aider's edit format (whole, diff, ...)")
+    p.add_argument(
+        "--aider-reminder",
+        default="user",
+        choices=REMINDERS,
+        help="where Aider repeats the edit format's rules: in the last user message (default), a final system "
+        "message, or nowhere but the system prompt",
+    )
     p.add_argument("--concurrency", type=int, default=None, help="agents at once (default: from cores and memory)")
     p.add_argument("--timeout", type=float, default=600.0, help="wall-clock seconds per rollout")
     p.add_argument("--max-calls", type=int, default=None, help="model calls per rollout (enforced by the proxy)")
@@ -52,6 +60,7 @@ def rollout_settings(args: argparse.Namespace) -> RolloutSettings:
         n=args.n,
         agent=args.agent,
         edit_format=args.edit_format,
+        aider_reminder=args.aider_reminder,
         concurrency=args.concurrency,
         timeout_s=args.timeout,
         max_calls=args.max_calls,

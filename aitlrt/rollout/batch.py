@@ -14,6 +14,7 @@ import httpx
 
 from aitlrt.common.resources import agent_slots
 from aitlrt.rollout.agents import AGENTS, AgentTask, make_agent
+from aitlrt.rollout.agents.aider import REMINDERS
 from aitlrt.rollout.runner import Progress, RolloutOutcome, RolloutRequest, RolloutRunner
 from aitlrt.tasks.loader import TaskLoadError
 from aitlrt.tasks.task import Task
@@ -51,6 +52,7 @@ class RolloutSettings:
     """Rollouts per task."""
     agent: str = "aider-warm"
     edit_format: str = "whole"
+    aider_reminder: str = "user"
     concurrency: int | None = None
     """Agents at once; None: from the node's cores and memory (``agent_slots``)."""
     timeout_s: float = 600.0
@@ -61,6 +63,8 @@ class RolloutSettings:
     def __post_init__(self) -> None:
         if self.agent not in AGENTS:
             raise ValueError(f"unknown agent {self.agent!r} (one of {', '.join(AGENTS)})")
+        if self.aider_reminder not in REMINDERS:
+            raise ValueError(f"aider_reminder is one of {', '.join(REMINDERS)}, not {self.aider_reminder!r}")
 
 
 @dataclass
@@ -118,7 +122,7 @@ def run_batch(
         for g in range(settings.n)
     ]
     concurrency = settings.concurrency or agent_slots()
-    agent = make_agent(settings.agent, settings.edit_format)
+    agent = make_agent(settings.agent, settings.edit_format, settings.aider_reminder)
     runner = RolloutRunner(
         agent,
         proxy,

@@ -34,6 +34,14 @@ class AgentGRPOConfig(GRPOConfig):
     proxy_url: str = field(default="", metadata={"help": "aitlrt-serve URL (set by train.py in managed mode)"})
     agent: str = field(default="aider-warm", metadata={"help": "aider-warm, aider or single-call"})
     edit_format: str = field(default="whole", metadata={"help": "Aider's edit format: whole (small models), diff"})
+    aider_reminder: str = field(
+        default="user",
+        metadata={
+            "help": "Aider's reminder model setting: user (Aider's default: each request's last user message repeats "
+            "the edit format's rules, ~670 tokens in diff format), sys (as a final system message) or none (the "
+            "system prompt alone carries them)"
+        },
+    )
     rollout_timeout_s: float = field(default=600.0, metadata={"help": "wall-clock limit per rollout"})
     rollout_max_calls: int | None = field(default=8, metadata={"help": "model calls per rollout (proxy-enforced)"})
     rollout_concurrency: int | None = field(
@@ -179,6 +187,7 @@ class AgentGRPOConfig(GRPOConfig):
             if self.bf16 is None:
                 self.bf16 = False  # trl defaults to bf16, which transformers refuses without a GPU
         super().__post_init__()
+        self.rollout_settings()  # refuses an unknown agent or aider_reminder now, not at the first rollout
         if self.weight_sync not in ("reload", "nccl", "none"):
             raise ValueError(f"weight_sync must be reload, nccl or none, got {self.weight_sync!r}")
         if self.weight_sync == "nccl" and not torch.cuda.is_available():
@@ -211,6 +220,7 @@ class AgentGRPOConfig(GRPOConfig):
             n=n,
             agent=self.agent,
             edit_format=self.edit_format,
+            aider_reminder=self.aider_reminder,
             concurrency=self.rollout_concurrency,
             timeout_s=self.rollout_timeout_s,
             max_calls=self.rollout_max_calls,

@@ -192,7 +192,7 @@ class AgentGRPOTrainer(GRPOTrainer):
         if not self.args.proxy_url:
             raise ValueError("AgentGRPOConfig.proxy_url is required (the aitlrt-serve URL)")
         self.proxy_url = self.args.proxy_url.rstrip("/")
-        self.agent = agent or make_agent(self.args.agent, self.args.edit_format)
+        self.agent = agent or make_agent(self.args.agent, self.args.edit_format, self.args.aider_reminder)
         self._served_model = ""  # asked of the proxy at the first generation
         self.weight_sync = make_weight_sync(self.args)
         self.weight_version = -1

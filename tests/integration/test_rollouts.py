@@ -90,6 +90,28 @@ def test_aider_applies_a_known_edit_exactly(edit_format, reply, repo, scripted_u
     assert list((tmp_path / "ws").iterdir()) == []
 
 
+RULES = "# *SEARCH/REPLACE block* Rules:"
+
+
+@pytest.mark.parametrize("reminder", ["user", "none"])
+def test_aider_reminder_setting_shapes_the_request(reminder, repo, scripted_upstream, start_proxy, tmp_path):
+    """Aider repeats the diff format's rules in the last user message by default; ``none`` leaves them to the
+    system prompt alone, and the edit still applies."""
+    src, base = repo
+    proxy = start_proxy(scripted_upstream)
+    marker = f"TASK-reminder-{reminder}"
+    script(scripted_upstream, marker, DIFF_REPLY)
+    task = AgentTask("t1", f"{marker}: fix add() in calc.py and write NOTES.md", ("calc.py",))
+    agent = AiderAgent(edit_format="diff", reminder=reminder)
+    (out,) = rollouts(agent, proxy.url, tmp_path, [RolloutRequest(f"rem-{reminder}", task, src, base)], timeout_s=120)
+    assert out.status == "ok", (out.reason, out.log_tail)
+    assert out.patch == expected_patch(tmp_path, src, base, {"calc.py": FIXED, "NOTES.md": "add was wrong\n"})
+    messages = out.trace[0]["request"]["messages"]
+    assert messages[0]["role"] == "system" and RULES in messages[0]["content"]
+    assert messages[-1]["role"] == "user" and marker in messages[-1]["content"]
+    assert (RULES in messages[-1]["content"]) == (reminder == "user")
+
+
 def test_16_concurrent_rollouts_do_not_cross(repo, scripted_upstream, start_proxy, tmp_path):
     src, base = repo
     proxy = start_proxy(scripted_upstream)

@@ -81,6 +81,14 @@ def test_options_that_cannot_be_honoured_are_refused_with_the_reason(tmp_path, s
         config(tmp_path, **settings)
 
 
+@pytest.mark.parametrize(
+    ("settings", "says"), [({"agent": "aidr"}, "unknown agent"), ({"aider_reminder": "end"}, "none")]
+)
+def test_agent_settings_are_checked_when_the_config_is_made(tmp_path, settings, says):
+    with pytest.raises(ValueError, match=says):
+        config(tmp_path, **settings)
+
+
 def test_importance_sampling_defaults_to_todays_truncated_token_weights(tmp_path):
     args = config(tmp_path)
     assert args.vllm_importance_sampling_correction is True

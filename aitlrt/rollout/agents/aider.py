@@ -27,14 +27,21 @@ from aitlrt.rollout.agents.base import AgentExit, AgentTask, ModelEndpoint
 
 AIDER_VERSION = "0.86.2"
 WEAK_TAG = "weak"
+REMINDERS = ("user", "sys", "none")
+"""Aider's ``reminder`` model setting: where each request repeats the edit format's rules (already in the system
+prompt) -- appended to the last user message (Aider's default), as a final system message, or not at all."""
 
 
 def aider_venv() -> Path:
     return Path(os.environ.get("AITLRT_AIDER_VENV") or aitlrt_home() / "aider-venv")
 
 
-def aider_settings(endpoint: ModelEndpoint, edit_format: str, streaming: bool) -> tuple[dict, list[dict]]:
+def aider_settings(
+    endpoint: ModelEndpoint, edit_format: str, streaming: bool, reminder: str = "user"
+) -> tuple[dict, list[dict]]:
     """Aider's model-metadata (context window, zero cost: no price map download) and model-settings."""
+    if reminder not in REMINDERS:
+        raise ValueError(f"Aider's reminder is one of {', '.join(REMINDERS)}, not {reminder!r}")
     main, weak = f"openai/{endpoint.model}", f"openai/{endpoint.model}-weak"
     meta = {
         "max_input_tokens": endpoint.context_window,
@@ -53,6 +60,7 @@ def aider_settings(endpoint: ModelEndpoint, edit_format: str, streaming: bool) -
             "use_temperature": True,
             "streaming": streaming,
             "use_repo_map": False,
+            "reminder": reminder,
         },
         {
             "name": weak,
@@ -61,6 +69,7 @@ def aider_settings(endpoint: ModelEndpoint, edit_format: str, streaming: bool) -
             "use_temperature": True,
             "streaming": streaming,
             "use_repo_map": False,
+            "reminder": reminder,
             "extra_params": {"extra_headers": {"X-AITLRT-Tag": WEAK_TAG}},
         },
     ]
@@ -74,6 +83,8 @@ class AiderAgent:
     edit_format: str = "whole"
     streaming: bool = False
     map_tokens: int = 0
+    reminder: str = "user"
+    """Aider's ``reminder`` model setting (``REMINDERS``)."""
     request_timeout_s: float = 600.0
     venv: Path = field(default_factory=aider_venv)
     name: str = "aider"
@@ -83,7 +94,7 @@ class AiderAgent:
 
     def arguments(self, task: AgentTask, ws: Workspace, endpoint: ModelEndpoint) -> list[str]:
         """Aider's command-line arguments for one rollout (writes the settings files into ``ws.scratch``)."""
-        meta, settings = aider_settings(endpoint, self.edit_format, self.streaming)
+        meta, settings = aider_settings(endpoint, self.edit_format, self.streaming, self.reminder)
         meta_file, settings_file = ws.scratch / "model-metadata.json", ws.scratch / "model-settings.yml"
         meta_file.write_text(json.dumps(meta))
         settings_file.write_text(json.dumps(settings))  # JSON is YAML
