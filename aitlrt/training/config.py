@@ -38,7 +38,7 @@ class AgentGRPOConfig(GRPOConfig):
         default="user",
         metadata={
             "help": "Aider's reminder model setting: user (Aider's default: each request's last user message repeats "
-            "the edit format's rules, ~670 tokens in diff format), sys (as a final system message) or none (the "
+            "the edit format's rules, ~650 tokens in diff format), sys (as a final system message) or none (the "
             "system prompt alone carries them)"
         },
     )

@@ -37,11 +37,9 @@ def aider_venv() -> Path:
 
 
 def aider_settings(
-    endpoint: ModelEndpoint, edit_format: str, streaming: bool, reminder: str = "user"
+    endpoint: ModelEndpoint, edit_format: str, streaming: bool, reminder: str
 ) -> tuple[dict, list[dict]]:
     """Aider's model-metadata (context window, zero cost: no price map download) and model-settings."""
-    if reminder not in REMINDERS:
-        raise ValueError(f"Aider's reminder is one of {', '.join(REMINDERS)}, not {reminder!r}")
     main, weak = f"openai/{endpoint.model}", f"openai/{endpoint.model}-weak"
     meta = {
         "max_input_tokens": endpoint.context_window,
@@ -88,6 +86,10 @@ class AiderAgent:
     request_timeout_s: float = 600.0
     venv: Path = field(default_factory=aider_venv)
     name: str = "aider"
+
+    def __post_init__(self) -> None:
+        if self.reminder not in REMINDERS:
+            raise ValueError(f"Aider's reminder is one of {', '.join(REMINDERS)}, not {self.reminder!r}")
 
     def command(self, task: AgentTask, ws: Workspace, endpoint: ModelEndpoint) -> list[str]:
         return [str(self.venv / "bin" / "aider"), *self.arguments(task, ws, endpoint)]
