@@ -194,7 +194,7 @@ def heldout_evaluation(
     from aitlrt.evaluation.heldout import evaluate_served, prepare_rows
     from aitlrt.evaluation.scoring import reward_funcs
 
-    settings = config.rollout_settings(script.heldout_rollouts)
+    settings = config.rollout_settings(script.heldout_rollouts, seed=config.seed)  # before and after pair up
     weights = reward_weights(script, config)
     log.info("held-out evaluation (%s training): %d tasks x %d rollouts", label, len(rows), settings.n)
     return evaluate_served(
@@ -218,7 +218,7 @@ def finish_heldout(evaluations: list[CheckpointResult], out_dir: Path, weights: 
     from aitlrt.evaluation.heldout import summary_table
 
     rollouts, _ = write_results(evaluations, out_dir / "heldout", weights=weights)
-    write_line(summary_table(evaluations))
+    write_line(summary_table(evaluations, weights))
     log.info("held-out rollouts: %s", rollouts)
 
 

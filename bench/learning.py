@@ -149,7 +149,6 @@ def main() -> None:
         validate(validating, out, train, base, prepared, funcs, weights, script, config)
         return
     warm, rl_tasks = warm_and_rl(train, script.warm_start_share, out, base, script, config)
-    eval_settings = config.rollout_settings(HELDOUT_ROLLOUTS)
     results: dict[int, list[dict[str, float]]] = {}
     updates: dict[int, tuple[int, int, int]] = {}
     for seed in SEEDS:
@@ -161,7 +160,7 @@ def main() -> None:
         evaluated = evaluate(
             [base, str(warm), str(run / "grpo")],
             prepared,
-            eval_settings,
+            config.rollout_settings(HELDOUT_ROLLOUTS, seed=seed),  # the three checkpoints' rollouts pair up
             funcs,
             serve_dir=run / "eval-serve",
             max_tokens=config.max_completion_length or 256,
@@ -174,8 +173,19 @@ def main() -> None:
             result.summary = summarise(result.batch, result.rewards, weights)
         write_results(evaluated, run / "heldout", weights=weights)
         results[seed] = [r.summary for r in evaluated]
+        results[seed][2].update(paired_gain(evaluated[1], evaluated[2], weights))
         print(f"[bench] seed {seed}: held-out evaluation in {run / 'heldout'}", flush=True)
     report(results, updates, out, (time.monotonic() - started) / 60)
+
+
+def paired_gain(before: Any, after: Any, weights: dict[str, float]) -> dict[str, float]:
+    """``gain``, ``gain_se`` (paired by seed: task and sample) and ``same_patch`` of ``after`` over ``before``."""
+    from aitlrt.evaluation.scoring import paired, paired_difference, same_patch_share, weighted_rewards
+
+    if not paired(before.batch, after.batch):
+        raise SystemExit("[bench] the evaluations did not pair up (seeds or tasks differ)")
+    gain, se = paired_difference(weighted_rewards(before.rewards, weights), weighted_rewards(after.rewards, weights))
+    return {"gain": gain, "gain_se": se, "same_patch": same_patch_share(before.batch, after.batch)}
 
 
 def warm_and_rl(train: list[dict], share: float, out: Path, base: str, script: Any, config: Any) -> tuple[Path, Path]:
@@ -241,7 +251,7 @@ def validate(
     evaluated = evaluate(
         list(checkpoints.values()),
         prepared,
-        config.rollout_settings(VALIDATION_ROLLOUTS),
+        config.rollout_settings(VALIDATION_ROLLOUTS, seed=0),
         funcs,
         serve_dir=out / "eval-serve",
         max_tokens=config.max_completion_length or 256,
@@ -249,21 +259,22 @@ def validate(
         top_p=config.top_p,
         serve_args=[*shlex.split(script.serve_args), "--seed", "0"],
     )
-    summaries = {}
-    for label, result in zip(checkpoints, evaluated, strict=True):
+    summaries, by_label = {}, dict(zip(checkpoints, evaluated, strict=True))
+    for label, result in by_label.items():
         result.label = label
         result.summary = summaries[label] = summarise(result.batch, result.rewards, weights)
     write_results(evaluated, out / "validation", weights=weights)
-    print(f"\n{'checkpoint':<52}" + "".join(f"{name:>9}" for name, _ in COLUMNS) + f"{'gain':>9}{'+/-2se':>9}")
+    header = f"\n{'checkpoint':<52}" + "".join(f"{name:>9}" for name, _ in COLUMNS)
+    print(header + f"{'gain':>9}{'+/-2se':>9}{'same':>9}")
     for label, summary in summaries.items():
         gain = ""
         if label in warm_of:
-            warm = summaries[warm_of[label]]
-            noise = 2 * math.hypot(summary["reward_se"], warm["reward_se"])
-            gain = f"{summary['reward'] - warm['reward']:>+9.3f}{noise:>9.3f}"
+            pair = paired_gain(by_label[warm_of[label]], by_label[label], weights)
+            gain = f"{pair['gain']:>+9.3f}{2 * pair['gain_se']:>9.3f}{pair['same_patch']:>9.2f}"
         print(f"{label[:51]:<52}" + "".join(f"{summary[key]:>9.3f}" for _, key in COLUMNS) + gain)
-    print(f"validation: {len(prepared)} tasks x {VALIDATION_ROLLOUTS} rollouts; a gain inside +/-2se (two standard "
-          f"errors of the difference) is not told apart from none; everything under {out}")  # fmt: skip
+    print(f"validation: {len(prepared)} tasks x {VALIDATION_ROLLOUTS} rollouts, paired by seed with the warm start's "
+          "(same: the share that left the same patch); a gain inside +/-2se (two standard errors of the paired "
+          f"difference) is not told apart from none; everything under {out}")  # fmt: skip
 
 
 def report(
@@ -278,15 +289,20 @@ def report(
     for i, label in enumerate(LABELS):
         means = [statistics.fmean(results[s][i][key] for s in results) for _, key in COLUMNS]
         print(f"{'mean':<6}{label:<20}" + "".join(f"{m:>9.3f}" for m in means))
-    gains = [results[s][2]["reward"] - results[s][1]["reward"] for s in results]
+    gains = [results[s][2]["gain"] for s in results]
     edit = statistics.fmean(results[s][2]["edit_rate"] for s in results)
     zero = sum(u[2] for u in updates.values())
-    print(f"\nper-seed held-out reward gain of GRPO over the warm start: {', '.join(f'{g:+.3f}' for g in gains)}")
+    pairs = [results[s][2] for s in results]
+    per_seed = ", ".join(f"{p['gain']:+.3f} (se {p['gain_se']:.3f}, same patch {p['same_patch']:.0%})" for p in pairs)
+    print(f"\nper-seed held-out reward gain of GRPO over the warm start, paired by seed: {per_seed}")
+    noise = 2 * math.sqrt(sum(results[s][2]["gain_se"] ** 2 for s in results)) / len(results)
+    print(f"a mean gain within +/-{noise:.3f} (two standard errors of the mean paired difference) is not told "
+          "apart from none")  # fmt: skip
     warm = [results[s][1]["reward"] for s in results]
     if len(warm) > 1:  # the warm start is one checkpoint: its spread across seeds is the evaluation's own noise
-        noise = 2 * statistics.stdev(warm) * math.sqrt(2 / len(warm))  # 2 standard errors of the mean gain
-        print(f"evaluation noise: the warm start (one checkpoint) scored {min(warm):.3f}-{max(warm):.3f} across "
-              f"seeds; a mean gain within +/-{noise:.3f} is within 2 standard errors of that noise")  # fmt: skip
+        unpaired = 2 * statistics.stdev(warm) * math.sqrt(2 / len(warm))  # 2 standard errors of an unpaired gain
+        print(f"unpaired, the warm start (one checkpoint) scored {min(warm):.3f}-{max(warm):.3f} across seeds: "
+              f"+/-{unpaired:.3f}")  # fmt: skip
     print(f"checkpoints and task splits: {out}")
     gain_ok = all(g > 0 for g in gains) and statistics.fmean(gains) >= 0.05
     print(

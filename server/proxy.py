@@ -20,6 +20,7 @@ from aitlrt_server.exchange import (
     Endpoint,
     StreamAccumulator,
     build_record,
+    call_seed,
     output_from_response,
     parse_sse_line,
     prepare_request,
@@ -45,6 +46,7 @@ class Proxy:
         self._session: aiohttp.ClientSession | None = None
         self.served_models: list[str] = []
         self.call_limits: dict[str, int] = {}
+        self.seeds: dict[str, int] = {}
 
     # ---- upstream -----------------------------------------------------------------------------
     @property
@@ -162,6 +164,14 @@ class Proxy:
         else:
             self.call_limits[rollout_id] = max_calls
 
+    def set_seed(self, rollout_id: str, seed: int | None) -> None:
+        """Sample every call of ``rollout_id`` with a seed derived from ``seed`` and the call's index (None: the
+        agent's own)."""
+        if seed is None:
+            self.seeds.pop(rollout_id, None)
+        else:
+            self.seeds[rollout_id] = seed
+
     async def call(self, request: Request, endpoint: Endpoint, rollout_id: str) -> Response:
         body = await _json_body(request, self.settings.max_body_bytes)
         model = await self.model_for(body.get("model"))
@@ -169,6 +179,8 @@ class Proxy:
         tag = request.headers.get(TAG_HEADER)
 
         index = self.store.next_call_index(rollout_id)
+        if (seed := self.seeds.get(rollout_id)) is not None:
+            upstream_body["seed"] = call_seed(seed, index)
         limit = self.call_limits.get(rollout_id)
         if limit is not None and index >= limit:
             # 400, not 429 or 403: Aider (litellm) retries those for over a minute; this refusal is final.

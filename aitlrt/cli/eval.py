@@ -31,11 +31,12 @@ def add_parser(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (managed server)")
     p.add_argument("--serve-args", default="--enforce-eager", help="extra aitlrt-serve/vLLM flags (managed server)")
     p.add_argument("--out-dir", type=Path, default=Path("runs/eval"), help="rollouts and report.html go here")
+    p.set_defaults(seed=0)  # seeded by default: with --compare the two checkpoints' rollouts pair up
 
 
 def run(args: argparse.Namespace) -> None:
     from aitlrt.evaluation.checkpoints import evaluate, write_results
-    from aitlrt.evaluation.scoring import reward_funcs
+    from aitlrt.evaluation.scoring import paired, paired_difference, reward_funcs, same_patch_share
 
     checkpoints = [args.checkpoint] + ([args.compare] if args.compare else [])
     try:
@@ -64,4 +65,10 @@ def run(args: argparse.Namespace) -> None:
     print("\n" + f"{'metric':<22}" + "".join(f" {Path(r.label).name[:24]:>24}" for r in results))
     for key in results[0].summary:
         print(f"{key:<22}" + "".join(f" {r.summary[key]:>24.3f}" for r in results))
+    if len(results) == 2 and paired(results[0].batch, results[1].batch):
+        print(f"\npaired by seed ({len(results[0].batch.outcomes)} rollouts): --compare minus --checkpoint")
+        for name in results[0].rewards:
+            gain, se = paired_difference(results[0].rewards[name], results[1].rewards[name])
+            print(f"{name:<22} {gain:>+24.3f}  (std error {se:.3f})")
+        print(f"{'same patch':<22} {same_patch_share(results[0].batch, results[1].batch):>24.3f}")
     print(f"[aitlrt] rollouts: {rollouts}; report: {report}")

@@ -44,6 +44,22 @@ def add_rollout_arguments(p: argparse.ArgumentParser) -> None:
         help="a fresh repository copy per rollout (default: recycle finished copies, reset and checked pristine)",
     )
     p.add_argument("--context-window", type=int, default=8192)
+    p.add_argument(
+        "--seed",
+        type=seed_value,
+        default=None,
+        help="seeded sampling: the k-th rollout of a task samples the same tokens from the same weights in every run "
+        "with this seed, so that two checkpoints' rollouts pair up ('none': unseeded; default: unseeded, 0 for eval)",
+    )
+
+
+def seed_value(text: str) -> int | None:
+    """``--seed``: a non-negative integer or ``none``."""
+    if text.lower() == "none":
+        return None
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"a non-negative integer or 'none', not {text!r}")
+    return int(text)
 
 
 def add_parser(verbs: argparse._SubParsersAction) -> None:
@@ -66,6 +82,7 @@ def rollout_settings(args: argparse.Namespace) -> RolloutSettings:
         max_calls=args.max_calls,
         context_window=args.context_window,
         recycle_workspaces=not args.fresh_workspaces,
+        seed=args.seed,
     )
 
 

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from aitlrt.evaluation.checkpoints import SERVED, CheckpointResult, evaluate
-from aitlrt.evaluation.scoring import summarise
+from aitlrt.evaluation.scoring import paired, paired_difference, same_patch_share, summarise, weighted_rewards
 from aitlrt.rewards.inputs import RewardFunc
 from aitlrt.rollout.batch import PreparedTask, RolloutSettings, prepare_tasks
 from aitlrt.rollout.runner import Progress
@@ -45,8 +45,10 @@ def evaluate_served(
     return result
 
 
-def summary_table(results: Sequence[CheckpointResult]) -> str:
-    """The held-out numbers side by side, one column per evaluation."""
+def summary_table(results: Sequence[CheckpointResult], weights: Mapping[str, float] | None = None) -> str:
+    """The held-out numbers side by side, one column per evaluation; with ``weights`` and two evaluations whose
+    rollouts pair up (seeded alike: ``aitlrt.evaluation.scoring.paired``), the paired difference of the weighted
+    reward and the share of rollouts that left the same patch."""
     width = max(14, *(len(r.label) for r in results))
     lines = [f"{'held-out':<16}" + "".join(f" {r.label:>{width}}" for r in results)]
     for name, key in SUMMARY_ROWS:
@@ -54,4 +56,11 @@ def summary_table(results: Sequence[CheckpointResult]) -> str:
             lines.append(f"{name:<16}" + "".join(f" {r.summary[key]:>{width}.3f}" for r in results))
     tasks = len({t.instance_id for t in results[0].batch.tasks}) if results else 0
     lines.append(f"({tasks} tasks x {len(results[0].batch.outcomes) // max(1, tasks)} rollouts each)")
+    if weights and len(results) == 2 and paired(results[0].batch, results[1].batch):
+        before, after = (weighted_rewards(r.rewards, weights) for r in results)
+        gain, se = paired_difference(before, after)
+        lines.append(
+            f"paired by seed: {results[1].label} - {results[0].label} weighted reward {gain:+.3f} (std error "
+            f"{se:.3f}); {same_patch_share(results[0].batch, results[1].batch):.0%} of the rollouts left the same patch"
+        )
     return "\n".join(lines)

@@ -36,10 +36,40 @@ def summarise(
     out = {name: statistics.fmean(values) for name, values in rewards.items()}
     out["edit_rate"] = statistics.fmean(bool(o.patch.strip()) for o in batch.outcomes)
     if weights:
-        per_rollout = [sum(weights.get(n, 0.0) * v[i] for n, v in rewards.items()) for i in range(len(batch.outcomes))]
+        per_rollout = weighted_rewards(rewards, weights)
         out["reward"] = statistics.fmean(per_rollout)
         out["reward_se"] = statistics.stdev(per_rollout) / math.sqrt(len(per_rollout)) if len(per_rollout) > 1 else 0.0
     out["calls"] = statistics.fmean(o.calls for o in batch.outcomes)
     out["completion_tokens"] = statistics.fmean(o.completion_tokens for o in batch.outcomes)
     out["status_ok"] = statistics.fmean(o.status == "ok" for o in batch.outcomes)
     return out
+
+
+def weighted_rewards(rewards: Mapping[str, Sequence[float]], weights: Mapping[str, float]) -> list[float]:
+    """Each rollout's weighted reward (a reward without a weight counts 0)."""
+    n = len(next(iter(rewards.values()), ()))
+    return [sum(weights.get(name, 0.0) * values[i] for name, values in rewards.items()) for i in range(n)]
+
+
+def paired(before: Batch, after: Batch) -> bool:
+    """Whether the rollouts of two batches pair up one to one: the same tasks in the same order, every rollout
+    sampled with the same seed (``RolloutSettings.seed``), so that a difference between them is the weights'."""
+    return (
+        bool(before.seeds)
+        and None not in before.seeds
+        and before.seeds == after.seeds
+        and [t.instance_id for t in before.tasks] == [t.instance_id for t in after.tasks]
+    )
+
+
+def paired_difference(before: Sequence[float], after: Sequence[float]) -> tuple[float, float]:
+    """Mean of ``after[i] - before[i]`` and its standard error: with paired rollouts (``paired``) the sampling noise
+    the two share cancels, so this error is smaller than the unpaired one of two independent means."""
+    diffs = [a - b for a, b in zip(after, before, strict=True)]
+    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0
+    return statistics.fmean(diffs), se
+
+
+def same_patch_share(before: Batch, after: Batch) -> float:
+    """Share of paired rollouts that left the very same patch: how much of the sampling the new weights changed."""
+    return statistics.fmean(a.patch == b.patch for a, b in zip(before.outcomes, after.outcomes, strict=True))

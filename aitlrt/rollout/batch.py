@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -59,6 +60,9 @@ class RolloutSettings:
     max_calls: int | None = None
     context_window: int = 8192
     recycle_workspaces: bool = True
+    seed: int | None = None
+    """Seeded sampling (``rollout_seed``): the k-th rollout of a task samples the same tokens from the same weights in
+    every batch with this seed, so that two checkpoints' rollouts pair up; None: unseeded."""
 
     def __post_init__(self) -> None:
         if self.agent not in AGENTS:
@@ -72,6 +76,15 @@ class Batch:
     tasks: list[Task]
     """Each rollout's task (the same ``Task`` object for the ``n`` rollouts of a task)."""
     outcomes: list[RolloutOutcome]
+    seeds: list[int | None] = field(default_factory=list)
+    """Each rollout's sampling seed (``RolloutSettings.seed``); empty or None: unseeded."""
+
+
+def rollout_seed(seed: int, instance_id: str, k: int) -> int:
+    """The sampling seed of the ``k``-th rollout of task ``instance_id`` in a batch seeded with ``seed``: a 31-bit
+    hash, the same whatever the batch's other tasks."""
+    digest = hashlib.sha256(f"{seed}:{instance_id}:{k}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") >> 1
 
 
 def served_model(proxy: str) -> str:
@@ -117,6 +130,7 @@ def run_batch(
             AgentTask(p.task.instance_id, p.task.problem_statement, p.task.files),
             p.repo,
             p.base_commit,
+            None if settings.seed is None else rollout_seed(settings.seed, p.task.instance_id, g),
         )
         for p in prepared
         for g in range(settings.n)
@@ -134,7 +148,7 @@ def run_batch(
         recycle_workspaces=settings.recycle_workspaces,
     )
     log.info(
-        "%d rollouts (%d tasks x %d) with %s, %d at a time, model %s via %s",
+        "%d rollouts (%d tasks x %d) with %s, %d at a time, model %s via %s, %s",
         len(requests),
         len(prepared),
         settings.n,
@@ -142,6 +156,7 @@ def run_batch(
         concurrency,
         model,
         proxy,
+        "unseeded" if settings.seed is None else f"seed {settings.seed}",
     )
     try:
         outcomes = runner.run(requests, on_progress=on_progress or log_progress())
@@ -149,7 +164,7 @@ def run_batch(
         runner.close()
         if hasattr(agent, "close"):
             agent.close()
-    return Batch([p.task for p in prepared for _ in range(settings.n)], outcomes)
+    return Batch([p.task for p in prepared for _ in range(settings.n)], outcomes, [r.seed for r in requests])
 
 
 def write_outcomes(path: Path, outcomes: Sequence[RolloutOutcome], rewards: Mapping[str, Sequence[float]]) -> None:

@@ -37,6 +37,8 @@ class RolloutRequest:
     repo: Path
     """A cached git repository (see ``aitlrt.common.workspace``)."""
     base_commit: str
+    seed: int | None = None
+    """Every model call sampled with a seed derived from this one and the call's index (None: unseeded)."""
 
 
 @dataclass
@@ -207,8 +209,9 @@ class RolloutRunner:
         self._update(progress, on_progress, running=1)
         exit, patch, error = None, "", None
         try:
-            # Opens the rollout on the proxy: forgets earlier calls under this id, sets the call limit.
-            self._proxy("PUT", f"/rollouts/{req.rollout_id}", json={"max_calls": self.max_calls}).raise_for_status()
+            # Opens the rollout on the proxy: forgets earlier calls under this id, sets the call limit and seed.
+            opening = {"max_calls": self.max_calls, "seed": req.seed}
+            self._proxy("PUT", f"/rollouts/{req.rollout_id}", json=opening).raise_for_status()
             endpoint = ModelEndpoint(
                 f"{self.proxy_url}/rollouts/{req.rollout_id}/v1",
                 self.model,

@@ -214,8 +214,9 @@ class AgentGRPOConfig(GRPOConfig):
         if not 0.0 <= self.curriculum_failed_share <= 1.0:
             raise ValueError(f"curriculum_failed_share must be in [0, 1], got {self.curriculum_failed_share}")
 
-    def rollout_settings(self, n: int = 1) -> RolloutSettings:
-        """The run's agent settings for rollouts outside training (warm start, held-out evaluation), ``n`` per task."""
+    def rollout_settings(self, n: int = 1, seed: int | None = None) -> RolloutSettings:
+        """The run's agent settings for rollouts outside training (warm start, held-out evaluation), ``n`` per task,
+        sampled with ``seed`` (``RolloutSettings.seed``; None: unseeded)."""
         return RolloutSettings(
             n=n,
             agent=self.agent,
@@ -226,6 +227,7 @@ class AgentGRPOConfig(GRPOConfig):
             max_calls=self.rollout_max_calls,
             context_window=self.context_window,
             recycle_workspaces=self.recycle_workspaces,
+            seed=seed,
         )
 
     def _refuse_unsupported(self) -> None:

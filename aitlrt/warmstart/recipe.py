@@ -42,7 +42,11 @@ def cache_key(source: str, tasks: Sequence[Task], model: str, settings: RolloutS
         "data": hashlib.sha256(data).hexdigest(),
         "model": model,
         "tasks": [(t.instance_id, t.setup_patch, t.patch) for t in tasks] if source == ORACLE else [],
-        "settings": {k: v for k, v in asdict(settings).items() if k not in ("concurrency", "timeout_s")},
+        "settings": {
+            k: v
+            for k, v in asdict(settings).items()
+            if k not in ("concurrency", "timeout_s") and not (k == "seed" and v is None)  # unseeded: keys as before
+        },
         "flags": list(flags),
     }
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]

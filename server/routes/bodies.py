@@ -47,6 +47,14 @@ class Limits(JsonBody):
     max_calls: Annotated[Count | None, explained("'max_calls' must be a non-negative integer or null")] = None
 
 
+class Opening(Limits):
+    """``{"max_calls": N, "seed": S}``: the call limit (``Limits``) and, with ``seed``, every call of the rollout
+    sampled with a seed derived from S and the call's index: the same S gives the same samples from the same weights,
+    and paired samples from two checkpoints (``null`` or absent: the agent's own seed, if any)."""
+
+    seed: Annotated[Count | None, explained("'seed' must be a non-negative integer or null")] = None
+
+
 class Reload(JsonBody):
     """``{"path": P}``: a folder of safetensors visible to vLLM."""
 

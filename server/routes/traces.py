@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Depends
 
 from aitlrt_server.errors import ProxyError
-from aitlrt_server.routes.bodies import Limits
+from aitlrt_server.routes.bodies import Limits, Opening
 from aitlrt_server.routes.deps import ProxyDep, RolloutId, require_key
 
 router = APIRouter(dependencies=[Depends(require_key)])
@@ -34,10 +34,12 @@ async def delete(rollout_id: RolloutId, proxy: ProxyDep) -> dict[str, Any]:
 
 
 @router.put("/rollouts/{rollout_id}")
-async def open_rollout(rollout_id: RolloutId, limits: Limits, proxy: ProxyDep) -> dict[str, Any]:
-    """Start a rollout afresh in one round trip: forget its earlier calls, set its call limit."""
-    proxy.set_call_limit(rollout_id, limits.max_calls)
-    return {"rollout_id": rollout_id, "max_calls": limits.max_calls, "deleted": proxy.store.delete(rollout_id)}
+async def open_rollout(rollout_id: RolloutId, opening: Opening, proxy: ProxyDep) -> dict[str, Any]:
+    """Start a rollout afresh in one round trip: forget its earlier calls, set its call limit and sampling seed."""
+    proxy.set_call_limit(rollout_id, opening.max_calls)
+    proxy.set_seed(rollout_id, opening.seed)
+    deleted = proxy.store.delete(rollout_id)
+    return {"rollout_id": rollout_id, "max_calls": opening.max_calls, "seed": opening.seed, "deleted": deleted}
 
 
 @router.put("/rollouts/{rollout_id}/limits")

@@ -39,6 +39,8 @@ def test_eval_compares_two_checkpoints_and_writes_a_report(served, make_repo, tm
         "single-call",
         "--n",
         "2",
+        "--concurrency",
+        "1",  # vLLM batches alike: on CPU a batch of other requests can change a near-tie's sample
         "--rewards",
         "non_empty_patch,patch_similarity",
         "--out-dir",
@@ -53,6 +55,12 @@ def test_eval_compares_two_checkpoints_and_writes_a_report(served, make_repo, tm
     records = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
     assert [r["checkpoint"] for r in records] == ["served"] * 2 + [str(served.model_dir)] * 2
     assert all(r["calls"] == 1 and r["conversation"][-1]["role"] == "assistant" for r in records)
+    # Seeded by default (--seed 0): the same weights sample the same answers again, rollout by rollout.
+    answers = [r["conversation"][-1]["content"] for r in records]
+    assert answers[:2] == answers[2:] and answers[0] != answers[1], answers
+    paired = done.stdout[done.stdout.index("paired by seed (2 rollouts)") :].splitlines()
+    assert paired[1].split() == ["non_empty_patch", "+0.000", "(std", "error", "0.000)"], paired
+    assert paired[3].split() == ["same", "patch", "1.000"], paired
     html = (out / "report.html").read_text()
     assert html.startswith("<!doctype html>") and html.count("<details>") == 4 and "calc-1" in html
 

@@ -136,7 +136,7 @@ def test_opening_a_rollout_forgets_its_calls_and_sets_its_call_limit(scripted_up
     proxy = start_proxy(scripted_upstream)
     assert chat(proxy.url, "open-1", "hello").status_code == 200
     opened = httpx.put(f"{proxy.url}/rollouts/open-1", json={"max_calls": 1})
-    assert opened.json() == {"rollout_id": "open-1", "max_calls": 1, "deleted": True}
+    assert opened.json() == {"rollout_id": "open-1", "max_calls": 1, "seed": None, "deleted": True}
     assert httpx.get(f"{proxy.url}/rollouts/open-1").status_code == 404
     assert chat(proxy.url, "open-1", "hello").status_code == 200
     refused = chat(proxy.url, "open-1", "hello")
@@ -148,6 +148,24 @@ def test_opening_a_rollout_forgets_its_calls_and_sets_its_call_limit(scripted_up
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_calls"
     assert len(trace(proxy.url, "open-1")) == 1, "a refused request changes nothing"
     assert httpx.put(f"{proxy.url}/rollouts/bad%20id", json={}).status_code == 400
+
+
+def test_a_seeded_rollout_sends_each_call_its_own_seed(scripted_upstream, start_proxy):
+    from aitlrt_server.exchange import call_seed
+
+    url = start_proxy(scripted_upstream).url
+    assert httpx.put(f"{url}/rollouts/seed-1", json={"seed": 7}).json()["seed"] == 7
+    for _ in range(2):
+        assert chat(url, "seed-1", "hello", seed=99).status_code == 200, "the rollout's seed wins over the agent's"
+    assert [c["request"]["seed"] for c in trace(url, "seed-1")] == [call_seed(7, 0), call_seed(7, 1)]
+    assert call_seed(7, 0) != call_seed(7, 1) and 0 <= call_seed(7, 0) < 2**31
+    httpx.put(f"{url}/rollouts/seed-1", json={}).raise_for_status()  # opened again unseeded
+    assert chat(url, "seed-1", "hello", seed=99).status_code == 200
+    assert chat(url, "seed-1", "hello").status_code == 200
+    assert [c["request"].get("seed") for c in trace(url, "seed-1")] == [99, None], "unseeded: the agent's own"
+    for bad in (-1, 1.5, "7"):
+        resp = httpx.put(f"{url}/rollouts/seed-1", json={"seed": bad})
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == "seed", resp.text
 
 
 def test_admin_bodies_are_validated_openai_style(scripted_upstream, start_proxy):

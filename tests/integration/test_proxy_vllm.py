@@ -36,6 +36,26 @@ def test_recorded_tokens_decode_to_what_the_agent_received(served, tokenizer):
     assert call["usage"]["completion_tokens"] == len(ids)
 
 
+def test_a_seeded_rollout_samples_the_same_tokens_again(served):
+    """A rollout opened with a seed: vLLM samples each call from a seed of its own (the rollout's and the call's
+    index), so the same seed samples the very same tokens again; another seed does not. (One request at a time: on
+    CPU, other requests in vLLM's batch can change the logits' last bits, and so a near-tie's sample.)"""
+
+    def rollout(rollout_id: str, seed: int) -> list[list[int]]:
+        httpx.put(f"{served.url}/rollouts/{rollout_id}", json={"seed": seed}).raise_for_status()
+        for _ in range(2):
+            assert chat(served.url, rollout_id, "Tell me a story about a git merge.").status_code == 200
+        return [call["completion_token_ids"] for call in trace(served.url, rollout_id)]
+
+    first = rollout("seeded-a", 11)
+    assert chat(served.url, "unseeded", "Count to twenty.").status_code == 200  # vLLM's own generator moves on
+    again = rollout("seeded-b", 11)
+    other = rollout("seeded-c", 12)
+    assert again == first
+    assert first[0] != first[1], "the second call of the rollout has a seed of its own"
+    assert other[0] != first[0]
+
+
 def wait_for_log_line(path, needle: str, timeout_s: float = 30.0) -> str:
     """The first line of ``path`` containing ``needle`` (vLLM writes its log asynchronously: poll for it)."""
     deadline = time.monotonic() + timeout_s
