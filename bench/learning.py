@@ -179,13 +179,13 @@ def main() -> None:
 
 
 def paired_gain(before: Any, after: Any, weights: dict[str, float]) -> dict[str, float]:
-    """``gain``, ``gain_se`` (paired by seed: task and sample) and ``same_patch`` of ``after`` over ``before``."""
-    from aitlrt.evaluation.scoring import paired, paired_difference, same_patch_share, weighted_rewards
+    """``gain``, ``gain_se`` and ``same_patch`` of ``after`` over ``before``, paired by seed (task and sample)."""
+    from aitlrt.evaluation.checkpoints import paired_gain as paired
 
-    if not paired(before.batch, after.batch):
+    pair = paired(before, after, weights)
+    if pair is None:
         raise SystemExit("[bench] the evaluations did not pair up (seeds or tasks differ)")
-    gain, se = paired_difference(weighted_rewards(before.rewards, weights), weighted_rewards(after.rewards, weights))
-    return {"gain": gain, "gain_se": se, "same_patch": same_patch_share(before.batch, after.batch)}
+    return {"gain": pair.gain, "gain_se": pair.se, "same_patch": pair.same_patch}
 
 
 def warm_and_rl(train: list[dict], share: float, out: Path, base: str, script: Any, config: Any) -> tuple[Path, Path]:

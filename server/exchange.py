@@ -5,11 +5,11 @@ Pure functions and one stream accumulator: no I/O here.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from aitlrt.common.seeds import derived_seed
 from aitlrt_server.errors import ProxyError
 
 Endpoint = Literal["chat", "completions"]
@@ -79,8 +79,7 @@ def prepare_request(
 def call_seed(rollout_seed: int, index: int) -> int:
     """The sampling seed of call ``index`` of a rollout opened with ``rollout_seed``: a 31-bit hash of both, so that no
     two calls share a seed by construction (vLLM samples a request with a seed from its own generator)."""
-    digest = hashlib.sha256(f"{rollout_seed}:{index}".encode()).digest()
-    return int.from_bytes(digest[:4], "big") >> 1
+    return derived_seed(rollout_seed, index)
 
 
 def strip_response(data: dict[str, Any], asked: AgentAsked) -> dict[str, Any]:

@@ -14,7 +14,14 @@ from typing import Any
 import httpx
 
 from aitlrt.common.model import resolve_model
-from aitlrt.evaluation.scoring import score_batch, summarise
+from aitlrt.evaluation.scoring import (
+    paired,
+    paired_difference,
+    same_patch_share,
+    score_batch,
+    summarise,
+    weighted_rewards,
+)
 from aitlrt.report.html import write_report
 from aitlrt.rewards.inputs import RewardFunc
 from aitlrt.rollout.batch import Batch, PreparedTask, RolloutSettings, run_batch
@@ -35,6 +42,25 @@ class CheckpointResult:
     """Each reward's value per rollout."""
     summary: dict[str, float]
     """``aitlrt.evaluation.scoring.summarise``."""
+
+
+@dataclass(frozen=True)
+class PairedGain:
+    gain: float
+    """Mean over paired rollouts of the weighted reward after minus before."""
+    se: float
+    """Its standard error."""
+    same_patch: float
+    """Share of paired rollouts that left the very same patch."""
+
+
+def paired_gain(before: CheckpointResult, after: CheckpointResult, weights: Mapping[str, float]) -> PairedGain | None:
+    """The weighted reward's gain of ``after`` over ``before`` rollout by rollout, or None when their rollouts do not
+    pair up (``aitlrt.evaluation.scoring.paired``: seeded alike, same tasks in the same order)."""
+    if not paired(before.batch, after.batch):
+        return None
+    gain, se = paired_difference(weighted_rewards(before.rewards, weights), weighted_rewards(after.rewards, weights))
+    return PairedGain(gain, se, same_patch_share(before.batch, after.batch))
 
 
 def evaluate(

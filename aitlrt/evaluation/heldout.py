@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from aitlrt.evaluation.checkpoints import SERVED, CheckpointResult, evaluate
-from aitlrt.evaluation.scoring import paired, paired_difference, same_patch_share, summarise, weighted_rewards
+from aitlrt.evaluation.checkpoints import SERVED, CheckpointResult, evaluate, paired_gain
+from aitlrt.evaluation.scoring import summarise
 from aitlrt.rewards.inputs import RewardFunc
 from aitlrt.rollout.batch import PreparedTask, RolloutSettings, prepare_tasks
 from aitlrt.rollout.runner import Progress
@@ -56,11 +56,9 @@ def summary_table(results: Sequence[CheckpointResult], weights: Mapping[str, flo
             lines.append(f"{name:<16}" + "".join(f" {r.summary[key]:>{width}.3f}" for r in results))
     tasks = len({t.instance_id for t in results[0].batch.tasks}) if results else 0
     lines.append(f"({tasks} tasks x {len(results[0].batch.outcomes) // max(1, tasks)} rollouts each)")
-    if weights and len(results) == 2 and paired(results[0].batch, results[1].batch):
-        before, after = (weighted_rewards(r.rewards, weights) for r in results)
-        gain, se = paired_difference(before, after)
+    if weights and len(results) == 2 and (pair := paired_gain(results[0], results[1], weights)):
         lines.append(
-            f"paired by seed: {results[1].label} - {results[0].label} weighted reward {gain:+.3f} (std error "
-            f"{se:.3f}); {same_patch_share(results[0].batch, results[1].batch):.0%} of the rollouts left the same patch"
+            f"paired by seed: {results[1].label} - {results[0].label} weighted reward {pair.gain:+.3f} (std error "
+            f"{pair.se:.3f}); {pair.same_patch:.0%} of the rollouts left the same patch"
         )
     return "\n".join(lines)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 import httpx
 
 from aitlrt.common.resources import agent_slots
+from aitlrt.common.seeds import derived_seed
 from aitlrt.rollout.agents import AGENTS, AgentTask, make_agent
 from aitlrt.rollout.agents.aider import REMINDERS
 from aitlrt.rollout.runner import Progress, RolloutOutcome, RolloutRequest, RolloutRunner
@@ -83,8 +83,7 @@ class Batch:
 def rollout_seed(seed: int, instance_id: str, k: int) -> int:
     """The sampling seed of the ``k``-th rollout of task ``instance_id`` in a batch seeded with ``seed``: a 31-bit
     hash, the same whatever the batch's other tasks."""
-    digest = hashlib.sha256(f"{seed}:{instance_id}:{k}".encode()).digest()
-    return int.from_bytes(digest[:4], "big") >> 1
+    return derived_seed(seed, instance_id, k)
 
 
 def served_model(proxy: str) -> str:
