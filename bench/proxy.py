@@ -5,7 +5,8 @@
    one wave of requests per arm (60, 24 and 12 rounds), the order rotating between rounds (this machine is noisy;
    ratios are medians over rounds of the arms' throughput in the same round).
 2. Null upstream (the scripted, instant vLLM-shaped server): the proxy's own cost, requests/s and the
-   added p50/p99 milliseconds per call.
+   added p50/p99 milliseconds per call; and the proxy's memory (RSS) after MEMORY_CALLS one-call rollouts of an
+   agent-sized prompt, their records kept vs each rollout deleted once read (as AITLRT's rollout runner does).
 
 Run: ``python bench/proxy.py`` (no arguments; ``--quick`` for a short smoke run).
 """
@@ -30,6 +31,9 @@ from aitlrt.serving.process import ServeProcess
 from aitlrt_server.upstream import VLLMServer
 
 MAX_TOKENS = 16
+MEMORY_CALLS = 1000
+MEMORY_PROMPT_TOKENS = 2300
+"""An Aider request of the CPU recipe: ~2,300 prompt tokens."""
 
 
 async def _round(url: str, concurrency: int, requests: int, body: dict) -> tuple[float, list[float], int]:
@@ -84,6 +88,37 @@ def compare(arms: dict[str, tuple[str, dict]], concurrency: int, requests: int, 
         }
         for name, s in stats.items()
     }
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of process ``pid`` in MiB (Linux ``/proc``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+def proxy_memory(upstream: str, work: Path, calls: int) -> dict[str, float]:
+    """A fresh proxy's RSS growth over ``calls`` one-call rollouts (token-id prompts of ``MEMORY_PROMPT_TOKENS``),
+    each rollout's trace read and then kept (``kept``) or deleted (``released``)."""
+    body = {"model": "m", "prompt": list(range(1000, 1000 + MEMORY_PROMPT_TOKENS)), "max_tokens": MAX_TOKENS}
+    growth = {}
+    for arm in ("kept", "released"):
+        args = ["--upstream", upstream, "--max-tokens", str(MAX_TOKENS), "--run-dir", str(work / f"memory-{arm}")]
+        with (
+            ServeProcess(args, port=free_port(), log_path=work / f"proxy-{arm}.log") as px,
+            httpx.Client(base_url=px.url, timeout=60) as client,
+        ):
+            assert px.proc is not None  # started by ``with``
+            client.post("/rollouts/warm/v1/completions", json=body).raise_for_status()
+            before = rss_mib(px.proc.pid)
+            for i in range(calls):
+                client.post(f"/rollouts/mem-{i}/v1/completions", json=body).raise_for_status()
+                client.get(f"/rollouts/mem-{i}").raise_for_status()
+                if arm == "released":
+                    client.delete(f"/rollouts/mem-{i}").raise_for_status()
+            growth[arm] = rss_mib(px.proc.pid) - before
+    return growth
 
 
 def main() -> None:
@@ -147,10 +182,18 @@ def main() -> None:
             for conc, requests in ((1, 100 if args.quick else 300), (32, 320 if args.quick else 960)):
                 print(f"[bench] null upstream concurrency {conc}", flush=True)
                 rows.append(("null", conc, compare(null_arms, conc, requests, rounds)))
+        print(f"[bench] proxy memory: {MEMORY_CALLS} rollouts kept, then released", flush=True)
+        memory = proxy_memory(null_url, work, 100 if args.quick else MEMORY_CALLS)
     finally:
         null.terminate()
         null.wait(10)
 
+    print(
+        f"\n| proxy memory after {MEMORY_CALLS} one-call rollouts of {MEMORY_PROMPT_TOKENS} prompt tokens | "
+        "RSS growth MiB |\n|---|---|"
+    )
+    for arm, mib in memory.items():
+        print(f"| {arm} | {mib:.0f} |")
     print(
         "\n| upstream | conc | direct tok/s | proxy tok/s | proxy / direct | direct + extras / direct | "
         "direct p50 ms | proxy p50 ms | direct p99 ms | proxy p99 ms |"

@@ -172,6 +172,13 @@ class Proxy:
         else:
             self.seeds[rollout_id] = seed
 
+    def forget(self, rollout_id: str) -> bool:
+        """Drop everything kept about ``rollout_id``: its recorded calls (a tombstone in the journal), call limit
+        and seed; whether anything was kept."""
+        opened = self.call_limits.pop(rollout_id, None) is not None
+        opened |= self.seeds.pop(rollout_id, None) is not None
+        return self.store.delete(rollout_id) or opened
+
     async def call(self, request: Request, endpoint: Endpoint, rollout_id: str) -> Response:
         body = await _json_body(request, self.settings.max_body_bytes)
         model = await self.model_for(body.get("model"))

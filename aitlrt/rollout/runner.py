@@ -262,10 +262,16 @@ class RolloutRunner:
         return outcome
 
     def _trace(self, rollout_id: str) -> list[dict[str, Any]]:
+        """The rollout's recorded calls, then released on the proxy (which would otherwise hold every call of a run
+        in memory; its journal keeps them on disk)."""
         try:
             resp = self._proxy("GET", f"/rollouts/{rollout_id}")
         except httpx.HTTPError:
             return []
+        try:
+            self._proxy("DELETE", f"/rollouts/{rollout_id}")
+        except httpx.HTTPError as exc:
+            log.warning("rollout %s: not released on the proxy: %s", rollout_id, exc)
         return resp.json()["calls"] if resp.status_code == 200 else []
 
     def _update(self, progress: Progress, on_progress: Callable[[Progress], None] | None, **delta: int) -> None:

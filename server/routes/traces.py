@@ -28,8 +28,9 @@ async def trace(rollout_id: RolloutId, proxy: ProxyDep) -> dict[str, Any]:
 
 @router.delete("/rollouts/{rollout_id}")
 async def delete(rollout_id: RolloutId, proxy: ProxyDep) -> dict[str, Any]:
-    if not proxy.store.delete(rollout_id):
-        raise ProxyError(404, f"no calls recorded for rollout {rollout_id!r}", code="rollout_not_found")
+    """Forget a rollout: its calls (kept in the journal on disk), its call limit and its seed."""
+    if not proxy.forget(rollout_id):
+        raise ProxyError(404, f"nothing recorded for rollout {rollout_id!r}", code="rollout_not_found")
     return {"deleted": rollout_id}
 
 

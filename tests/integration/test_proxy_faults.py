@@ -168,6 +168,18 @@ def test_a_seeded_rollout_sends_each_call_its_own_seed(scripted_upstream, start_
         assert resp.status_code == 400 and resp.json()["error"]["param"] == "seed", resp.text
 
 
+def test_deleting_a_rollout_forgets_its_calls_call_limit_and_seed(scripted_upstream, start_proxy):
+    url = start_proxy(scripted_upstream).url
+    httpx.put(f"{url}/rollouts/done-1", json={"max_calls": 1, "seed": 7}).raise_for_status()
+    assert httpx.delete(f"{url}/rollouts/done-1").status_code == 200, "opened, no call yet: still forgotten"
+    assert httpx.delete(f"{url}/rollouts/done-1").status_code == 404, "nothing left"
+    for _ in range(2):
+        assert chat(url, "done-1", "hello", seed=99).status_code == 200, "no call limit left"
+    assert [c["request"]["seed"] for c in trace(url, "done-1")] == [99, 99], "no seed of its own left"
+    assert httpx.delete(f"{url}/rollouts/done-1").status_code == 200
+    assert "done-1" not in httpx.get(f"{url}/rollouts").json()["rollouts"]
+
+
 def test_admin_bodies_are_validated_openai_style(scripted_upstream, start_proxy):
     url = start_proxy(scripted_upstream).url
     for resp, param in (

@@ -118,10 +118,17 @@ def test_two_grpo_steps_with_real_agents(served, data_dir, tokenizer, tmp_path, 
     assert trainer.state.global_step == 2 and len(trainer.batches) == 2
     assert (Path(config.output_dir) / "checkpoint-2" / "model.safetensors").exists()
 
+    # The runner released every finished rollout on the proxy; the journal on disk kept their calls.
+    held = httpx.get(f"{served.url}/rollouts").json()["rollouts"]
+    assert not any(o.rollout_id in held for outcomes in trainer.outcomes for o in outcomes)
+    journal: dict[str, list[dict]] = {}
+    for line in (served.run_dir / "calls.jsonl").read_text().splitlines():
+        if "deleted" not in (entry := json.loads(line)):
+            journal.setdefault(entry["rollout_id"], []).append(entry)
     for step, (outcomes, batch) in enumerate(zip(trainer.outcomes, trainer.batches, strict=True)):
         assert all(o.calls >= 1 for o in outcomes), [o.reason for o in outcomes]
         # Every trained token is a token the server sampled, with the sampler's own logprob, and nothing else is.
-        traces = [httpx.get(f"{served.url}/rollouts/{o.rollout_id}").json()["calls"] for o in outcomes]
+        traces = [journal[o.rollout_id] for o in outcomes]
         expected_tokens, expected_logprobs, rows_expected = [], [], 0
         for calls in traces:
             rows, _ = build_rows(calls, config.max_row_tokens)  # windows of a long row train every token too
