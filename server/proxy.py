@@ -174,10 +174,13 @@ class Proxy:
 
     def forget(self, rollout_id: str) -> bool:
         """Drop everything kept about ``rollout_id``: its recorded calls (a tombstone in the journal), call limit
-        and seed; whether anything was kept."""
+        and seed, and refuse its later calls until it is opened again; whether anything was kept."""
         opened = self.call_limits.pop(rollout_id, None) is not None
         opened |= self.seeds.pop(rollout_id, None) is not None
-        return self.store.delete(rollout_id) or opened
+        known = self.store.delete(rollout_id) or opened
+        if known:
+            self.store.close_rollout(rollout_id)
+        return known
 
     async def call(self, request: Request, endpoint: Endpoint, rollout_id: str) -> Response:
         body = await _json_body(request, self.settings.max_body_bytes)
@@ -185,21 +188,29 @@ class Proxy:
         upstream_body, asked = prepare_request(body, endpoint, self.settings.sampling, model, self.settings.token_ids)
         tag = request.headers.get(TAG_HEADER)
 
-        index = self.store.next_call_index(rollout_id)
+        if self.store.is_closed(rollout_id):
+            # Not recorded: the rollout's trace was read and deleted (400: litellm does not retry it).
+            self.metrics.errors.labels("rollout_closed").inc()
+            raise ProxyError(
+                400,
+                f"rollout {rollout_id!r} was deleted; open it again first (PUT /rollouts/{rollout_id})",
+                code="rollout_closed",
+            )
+        index, life = self.store.start_call(rollout_id)
         if (seed := self.seeds.get(rollout_id)) is not None:
             upstream_body["seed"] = call_seed(seed, index)
         limit = self.call_limits.get(rollout_id)
         if limit is not None and index >= limit:
             # 400, not 429 or 403: Aider (litellm) retries those for over a minute; this refusal is final.
             message = f"rollout {rollout_id!r} reached its limit of {limit} model calls"
-            refused = _Call(self, rollout_id, index, endpoint, upstream_body, self.gate.version, tag)
+            refused = _Call(self, rollout_id, (index, life), endpoint, upstream_body, self.gate.version, tag)
             refused.finish(None, 400, message, "call_limit")
             raise ProxyError(400, message, code="call_limit")
         stack = AsyncExitStack()
         version = await stack.enter_async_context(self.gate.generation(self.settings.request_timeout_s))
         self.metrics.inflight.inc()
         stack.callback(self.metrics.inflight.dec)
-        call = _Call(self, rollout_id, index, endpoint, upstream_body, version, tag)
+        call = _Call(self, rollout_id, (index, life), endpoint, upstream_body, version, tag)
         try:
             if upstream_body.get("stream"):
                 return await self._stream(call, asked, stack)
@@ -272,13 +283,15 @@ class _Call:
         self,
         proxy: Proxy,
         rollout_id: str,
-        index: int,
+        slot: tuple[int, int],
         endpoint: Endpoint,
         request: dict[str, Any],
         version: int,
         tag: str | None,
     ) -> None:
-        self.proxy, self.rollout_id, self.index, self.endpoint = proxy, rollout_id, index, endpoint
+        """``slot``: the call's index and its rollout's life (``TraceStore.start_call``)."""
+        self.proxy, self.rollout_id, self.endpoint = proxy, rollout_id, endpoint
+        self.index, self.life = slot
         self.request, self.version, self.tag = request, version, tag
         self.started_at = time.time()
         self._t0 = time.perf_counter()
@@ -308,7 +321,8 @@ class _Call:
                 status=status,
                 error=error,
                 error_code=code,
-            )
+            ),
+            self.life,
         )
 
     def upstream_failed(self, status: int, content: bytes) -> Response:

@@ -7,13 +7,15 @@ import json
 import logging
 import os
 import re
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from pathlib import Path
 from typing import Any
 
 UNATTRIBUTED = "_unattributed"
 ROLLOUT_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 JOURNAL_NAME = "calls.jsonl"
+CLOSED_KEPT = 65_536
+"""Deleted rollout ids remembered as closed (a late call of an older one is recorded as a new rollout)."""
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +34,9 @@ class TraceStore:
     def __init__(self, run_dir: Path | None) -> None:
         self._records: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self._next_index: dict[str, int] = defaultdict(int)
+        self._lives: dict[str, int] = {}
+        self._born = 0
+        self._closed: OrderedDict[str, None] = OrderedDict()
         self._journal = None
         if run_dir is not None:
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -56,10 +61,15 @@ class TraceStore:
                     loaded += 1
         log.info("journal %s: reloaded %d calls of %d rollouts", path, loaded, len(self._records))
 
-    def next_call_index(self, rollout_id: str) -> int:
+    def start_call(self, rollout_id: str) -> tuple[int, int]:
+        """The next call's index in ``rollout_id`` and the rollout's life: a number that changes when the rollout
+        is deleted, so that a call still running then is not recorded afterwards (``add``)."""
+        if rollout_id not in self._lives:
+            self._born += 1
+            self._lives[rollout_id] = self._born
         index = self._next_index[rollout_id]
         self._next_index[rollout_id] = index + 1
-        return index
+        return index, self._lives[rollout_id]
 
     def _add(self, record: dict[str, Any]) -> None:
         rid = record["rollout_id"]
@@ -71,6 +81,7 @@ class TraceStore:
 
     def _drop(self, rollout_id: str) -> bool:
         self._next_index.pop(rollout_id, None)
+        self._lives.pop(rollout_id, None)
         return self._records.pop(rollout_id, None) is not None
 
     def _append(self, entry: dict[str, Any]) -> None:
@@ -78,15 +89,38 @@ class TraceStore:
             self._journal.write(json.dumps(entry, separators=(",", ":")) + "\n")
             self._journal.flush()
 
-    def add(self, record: dict[str, Any]) -> None:
-        """Keep a finished call: journal first, then memory."""
+    def add(self, record: dict[str, Any], life: int | None = None) -> bool:
+        """Keep a finished call: journal first, then memory. A call started in an earlier ``life`` of its rollout
+        (``start_call``; deleted or opened again while the call ran: its trace was read already) is dropped."""
+        rid = record["rollout_id"]
+        if life is not None and self._lives.get(rid) != life:
+            log.info(
+                "call %d of rollout %s ended after the rollout was deleted: not recorded", record["call_index"], rid
+            )
+            return False
         self._append(record)
         self._add(record)
+        return True
 
     def get(self, rollout_id: str) -> list[dict[str, Any]] | None:
         return self._records.get(rollout_id)
 
+    def close_rollout(self, rollout_id: str) -> None:
+        """Refuse later calls of ``rollout_id`` (``is_closed``) until it is opened again (``reopen``): an agent's
+        background call (Aider's chat summary in a warm worker) can arrive after its rollout was read and deleted."""
+        self._closed[rollout_id] = None
+        self._closed.move_to_end(rollout_id)
+        while len(self._closed) > CLOSED_KEPT:
+            self._closed.popitem(last=False)
+
+    def reopen(self, rollout_id: str) -> None:
+        self._closed.pop(rollout_id, None)
+
+    def is_closed(self, rollout_id: str) -> bool:
+        return rollout_id in self._closed
+
     def delete(self, rollout_id: str) -> bool:
+        """Forget ``rollout_id`` (a tombstone in the journal); whether it had calls, finished or running."""
         if rollout_id not in self._records and rollout_id not in self._next_index:
             return False
         self._append({"deleted": rollout_id})

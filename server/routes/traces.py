@@ -36,10 +36,12 @@ async def delete(rollout_id: RolloutId, proxy: ProxyDep) -> dict[str, Any]:
 
 @router.put("/rollouts/{rollout_id}")
 async def open_rollout(rollout_id: RolloutId, opening: Opening, proxy: ProxyDep) -> dict[str, Any]:
-    """Start a rollout afresh in one round trip: forget its earlier calls, set its call limit and sampling seed."""
+    """Start a rollout afresh in one round trip: forget its earlier calls, set its call limit and sampling seed
+    (and accept its calls again if it was deleted)."""
     proxy.set_call_limit(rollout_id, opening.max_calls)
     proxy.set_seed(rollout_id, opening.seed)
     deleted = proxy.store.delete(rollout_id)
+    proxy.store.reopen(rollout_id)
     return {"rollout_id": rollout_id, "max_calls": opening.max_calls, "seed": opening.seed, "deleted": deleted}
 
 

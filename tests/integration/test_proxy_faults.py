@@ -172,12 +172,39 @@ def test_deleting_a_rollout_forgets_its_calls_call_limit_and_seed(scripted_upstr
     url = start_proxy(scripted_upstream).url
     httpx.put(f"{url}/rollouts/done-1", json={"max_calls": 1, "seed": 7}).raise_for_status()
     assert httpx.delete(f"{url}/rollouts/done-1").status_code == 200, "opened, no call yet: still forgotten"
-    assert httpx.delete(f"{url}/rollouts/done-1").status_code == 404, "nothing left"
+    assert httpx.delete(f"{url}/rollouts/done-1").status_code == 404, "nothing left: no limit, no seed"
+    # A deleted rollout refuses later calls (an agent's background call after its trace was read) unrecorded...
+    closed = chat(url, "done-1", "hello")
+    assert closed.status_code == 400 and closed.json()["error"]["code"] == "rollout_closed", closed.text
+    assert httpx.get(f"{url}/rollouts/done-1").status_code == 404
+    # ... until it is opened again.
+    httpx.put(f"{url}/rollouts/done-1", json={}).raise_for_status()
     for _ in range(2):
-        assert chat(url, "done-1", "hello", seed=99).status_code == 200, "no call limit left"
-    assert [c["request"]["seed"] for c in trace(url, "done-1")] == [99, 99], "no seed of its own left"
+        assert chat(url, "done-1", "hello", seed=99).status_code == 200
+    assert [c["request"]["seed"] for c in trace(url, "done-1")] == [99, 99]
     assert httpx.delete(f"{url}/rollouts/done-1").status_code == 200
     assert "done-1" not in httpx.get(f"{url}/rollouts").json()["rollouts"]
+
+
+def test_a_call_still_running_when_its_rollout_is_deleted_is_not_kept(scripted_upstream, start_proxy):
+    url = start_proxy(scripted_upstream).url
+    with ThreadPoolExecutor(1) as pool:
+        late = pool.submit(chat, url, "late-1", "fault:slow:2")  # an agent killed at its timeout leaves this
+        time.sleep(0.5)
+        assert httpx.delete(f"{url}/rollouts/late-1").status_code == 200, "a running call makes the rollout known"
+        assert late.result(timeout=30).status_code == 200
+    assert httpx.get(f"{url}/rollouts/late-1").status_code == 404
+    assert "late-1" not in httpx.get(f"{url}/rollouts").json()["rollouts"]
+    httpx.put(f"{url}/rollouts/late-1", json={}).raise_for_status()  # opened again while a call is running
+    with ThreadPoolExecutor(1) as pool:
+        late = pool.submit(chat, url, "late-1", "fault:slow:2")
+        time.sleep(0.5)
+        httpx.put(f"{url}/rollouts/late-1", json={}).raise_for_status()
+        assert chat(url, "late-1", "hello").status_code == 200
+        assert late.result(timeout=30).status_code == 200
+    assert [(c["call_index"], c["request"]["messages"][-1]["content"]) for c in trace(url, "late-1")] == [
+        (0, "hello")
+    ], "the earlier life's call is not mixed into the new one"
 
 
 def test_admin_bodies_are_validated_openai_style(scripted_upstream, start_proxy):

@@ -111,13 +111,39 @@ def test_rollout_id_validation(rid, ok):
 
 def test_store_orders_calls_by_index_and_replays_tombstones(tmp_path):
     store = TraceStore(tmp_path)
-    first, second = store.next_call_index("r"), store.next_call_index("r")
-    store.add({"rollout_id": "r", "call_index": second})
-    store.add({"rollout_id": "r", "call_index": first})
-    store.add({"rollout_id": "gone", "call_index": store.next_call_index("gone")})
+    (first, life), (second, same) = store.start_call("r"), store.start_call("r")
+    assert (first, second) == (0, 1) and life == same
+    store.add({"rollout_id": "r", "call_index": second}, life)
+    store.add({"rollout_id": "r", "call_index": first}, life)
+    index, life = store.start_call("gone")
+    assert store.add({"rollout_id": "gone", "call_index": index}, life)
     assert store.delete("gone") and not store.delete("gone")
     assert [c["call_index"] for c in store.get("r")] == [0, 1]
     store.close()
     again = TraceStore(tmp_path)
     assert again.summary() == {"r": 2}
-    assert again.next_call_index("r") == 2 and again.next_call_index("gone") == 0
+    assert again.start_call("r")[0] == 2 and again.start_call("gone")[0] == 0
+
+
+def test_a_call_that_ends_after_its_rollout_was_deleted_is_not_recorded(tmp_path):
+    store = TraceStore(tmp_path)
+    index, old_life = store.start_call("r")  # a call starts; the rollout is deleted while it runs
+    assert store.delete("r"), "a rollout with a call running is known"
+    new_index, life = store.start_call("r")  # the id opened again
+    assert new_index == 0 and life != old_life
+    assert not store.add({"rollout_id": "r", "call_index": index}, old_life), "the late call"
+    assert store.get("r") is None
+    assert store.add({"rollout_id": "r", "call_index": new_index}, life)
+    assert [c["call_index"] for c in store.get("r")] == [0]
+    store.close()
+    assert TraceStore(tmp_path).summary() == {"r": 1}, "the late call is not in the journal either"
+
+
+def test_closed_rollouts_are_remembered_up_to_a_bound(monkeypatch):
+    monkeypatch.setattr("aitlrt_server.store.CLOSED_KEPT", 2)
+    store = TraceStore(None)
+    for rid in ("a", "b", "c"):
+        store.close_rollout(rid)
+    assert [store.is_closed(r) for r in ("a", "b", "c")] == [False, True, True], "the oldest forgotten"
+    store.reopen("b")
+    assert not store.is_closed("b")
