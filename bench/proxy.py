@@ -104,6 +104,7 @@ def proxy_memory(upstream: str, work: Path, calls: int) -> dict[str, float]:
     body = {"model": "m", "prompt": list(range(1000, 1000 + MEMORY_PROMPT_TOKENS)), "max_tokens": MAX_TOKENS}
     growth = {}
     for arm in ("kept", "released"):
+        print(f"[bench] proxy memory: {calls} rollouts, {arm}", flush=True)
         args = ["--upstream", upstream, "--max-tokens", str(MAX_TOKENS), "--run-dir", str(work / f"memory-{arm}")]
         with (
             ServeProcess(args, port=free_port(), log_path=work / f"proxy-{arm}.log") as px,
@@ -182,14 +183,14 @@ def main() -> None:
             for conc, requests in ((1, 100 if args.quick else 300), (32, 320 if args.quick else 960)):
                 print(f"[bench] null upstream concurrency {conc}", flush=True)
                 rows.append(("null", conc, compare(null_arms, conc, requests, rounds)))
-        print(f"[bench] proxy memory: {MEMORY_CALLS} rollouts kept, then released", flush=True)
-        memory = proxy_memory(null_url, work, 100 if args.quick else MEMORY_CALLS)
+        memory_calls = 100 if args.quick else MEMORY_CALLS
+        memory = proxy_memory(null_url, work, memory_calls)
     finally:
         null.terminate()
         null.wait(10)
 
     print(
-        f"\n| proxy memory after {MEMORY_CALLS} one-call rollouts of {MEMORY_PROMPT_TOKENS} prompt tokens | "
+        f"\n| proxy memory after {memory_calls} one-call rollouts of {MEMORY_PROMPT_TOKENS} prompt tokens | "
         "RSS growth MiB |\n|---|---|"
     )
     for arm, mib in memory.items():

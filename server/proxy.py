@@ -28,7 +28,7 @@ from aitlrt_server.exchange import (
 )
 from aitlrt_server.metrics import ProxyMetrics
 from aitlrt_server.settings import ServeSettings
-from aitlrt_server.store import TraceStore
+from aitlrt_server.store import Life, TraceStore
 from aitlrt_server.weights import WeightGate
 
 _UPSTREAM_PATH: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -283,7 +283,7 @@ class _Call:
         self,
         proxy: Proxy,
         rollout_id: str,
-        slot: tuple[int, int],
+        slot: tuple[int, Life],
         endpoint: Endpoint,
         request: dict[str, Any],
         version: int,

@@ -20,6 +20,16 @@ CLOSED_KEPT = 65_536
 log = logging.getLogger(__name__)
 
 
+class Life:
+    """One opening of a rollout id, from its first call until it is deleted: hands out call indices. Compared by
+    identity, so a call knows whether the rollout it started in still exists (``TraceStore.add``)."""
+
+    __slots__ = ("next_index",)
+
+    def __init__(self) -> None:
+        self.next_index = 0
+
+
 def valid_rollout_id(rollout_id: str) -> bool:
     return bool(ROLLOUT_ID_RE.match(rollout_id)) and rollout_id not in {".", ".."}
 
@@ -33,9 +43,7 @@ class TraceStore:
 
     def __init__(self, run_dir: Path | None) -> None:
         self._records: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        self._next_index: dict[str, int] = defaultdict(int)
-        self._lives: dict[str, int] = {}
-        self._born = 0
+        self._lives: dict[str, Life] = {}
         self._closed: OrderedDict[str, None] = OrderedDict()
         self._journal = None
         if run_dir is not None:
@@ -61,15 +69,12 @@ class TraceStore:
                     loaded += 1
         log.info("journal %s: reloaded %d calls of %d rollouts", path, loaded, len(self._records))
 
-    def start_call(self, rollout_id: str) -> tuple[int, int]:
-        """The next call's index in ``rollout_id`` and the rollout's life: a number that changes when the rollout
-        is deleted, so that a call still running then is not recorded afterwards (``add``)."""
-        if rollout_id not in self._lives:
-            self._born += 1
-            self._lives[rollout_id] = self._born
-        index = self._next_index[rollout_id]
-        self._next_index[rollout_id] = index + 1
-        return index, self._lives[rollout_id]
+    def start_call(self, rollout_id: str) -> tuple[int, Life]:
+        """The next call's index in ``rollout_id`` and the rollout's current ``Life`` (a new one after a delete), so
+        that a call still running when the rollout is deleted is not recorded afterwards (``add``)."""
+        life = self._lives.setdefault(rollout_id, Life())
+        life.next_index += 1
+        return life.next_index - 1, life
 
     def _add(self, record: dict[str, Any]) -> None:
         rid = record["rollout_id"]
@@ -77,10 +82,10 @@ class TraceStore:
         calls.append(record)
         if len(calls) > 1 and calls[-2]["call_index"] > record["call_index"]:
             calls.sort(key=lambda r: r["call_index"])
-        self._next_index[rid] = max(self._next_index[rid], record["call_index"] + 1)
+        life = self._lives.setdefault(rid, Life())
+        life.next_index = max(life.next_index, record["call_index"] + 1)
 
     def _drop(self, rollout_id: str) -> bool:
-        self._next_index.pop(rollout_id, None)
         self._lives.pop(rollout_id, None)
         return self._records.pop(rollout_id, None) is not None
 
@@ -89,11 +94,11 @@ class TraceStore:
             self._journal.write(json.dumps(entry, separators=(",", ":")) + "\n")
             self._journal.flush()
 
-    def add(self, record: dict[str, Any], life: int | None = None) -> bool:
+    def add(self, record: dict[str, Any], life: Life | None = None) -> bool:
         """Keep a finished call: journal first, then memory. A call started in an earlier ``life`` of its rollout
         (``start_call``; deleted or opened again while the call ran: its trace was read already) is dropped."""
         rid = record["rollout_id"]
-        if life is not None and self._lives.get(rid) != life:
+        if life is not None and self._lives.get(rid) is not life:
             log.info(
                 "call %d of rollout %s ended after the rollout was deleted: not recorded", record["call_index"], rid
             )
@@ -121,7 +126,7 @@ class TraceStore:
 
     def delete(self, rollout_id: str) -> bool:
         """Forget ``rollout_id`` (a tombstone in the journal); whether it had calls, finished or running."""
-        if rollout_id not in self._records and rollout_id not in self._next_index:
+        if rollout_id not in self._records and rollout_id not in self._lives:
             return False
         self._append({"deleted": rollout_id})
         self._drop(rollout_id)
