@@ -1,7 +1,8 @@
 """A warm Aider worker. Runs with the Python of Aider's own venv, by path (it imports nothing of ours).
 
 It pays Aider's start-up (importing litellm, ~3 s) once, then runs jobs one at a time by calling Aider's own
-``aider.main.main(argv)`` in-process, so a job behaves exactly like the CLI with the same arguments.
+``aider.main.main(argv)`` in-process, so a job behaves exactly like the CLI with the same arguments (down to waiting,
+as the CLI's exit does, for a chat summary Aider started in the background).
 
 Protocol: one JSON job per line on stdin ``{"argv", "cwd", "home", "log", "max_reflections"}``; one JSON reply
 per line on the original stdout ``{"exit_code", "seconds"}``; ``{"ready": true}`` once after the imports.
@@ -36,6 +37,22 @@ def _register_metadata_once(models) -> None:
     models.register_litellm_models = once
 
 
+def _summaries_joined(coder_class) -> list:
+    """Record every coder that starts Aider's background chat summary, so that the job can wait for it
+    (``summarize_end``) as the CLI's exit does: a summary still running in the worker when the next job starts would
+    call the model on the next job's endpoint (Aider reads the base URL from the environment at each call)."""
+    started = []
+    summarize_start = coder_class.summarize_start
+
+    def recorded(self):
+        summarize_start(self)
+        if self.summarizer_thread is not None:
+            started.append(self)
+
+    coder_class.summarize_start = recorded
+    return started
+
+
 def main() -> None:
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     # This file's folder holds our aider.py: it must not shadow the real package.
@@ -46,6 +63,7 @@ def main() -> None:
     from aider.coders.base_coder import Coder
 
     _register_metadata_once(aider.models)
+    summarizing = _summaries_joined(Coder)
     # Parse Aider's own model metadata now, at start-up, not in the first rollout.
     from importlib import resources
 
@@ -73,6 +91,8 @@ def main() -> None:
             traceback.print_exc()
             code = 1
         finally:
+            while summarizing:
+                summarizing.pop().summarize_end()
             sys.stdout.flush()
             sys.stderr.flush()
             os.chdir("/")
