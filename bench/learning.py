@@ -21,6 +21,7 @@ Choosing a recipe change is done on the training tasks only, never on the held-o
 tasks again the same way (a validation file never trained on), makes a warm start on the rest, runs one GRPO per
 ``--validate`` (each string: ``aitlrt/train.py`` arguments over the recipe's), and scores the warm start and every
 run on the validation tasks with ``VALIDATION_ROLLOUTS`` rollouts per task. It prints a table and no TARGET line.
+A variant given ``--save_strategy steps --save_steps N`` is scored at each of its saved steps too (gain vs updates).
 """
 
 from __future__ import annotations
@@ -209,6 +210,15 @@ def warm_and_rl(train: list[dict], share: float, out: Path, base: str, script: A
     return warm, rl_tasks
 
 
+def intermediate_checkpoints(run: Path) -> list[tuple[int, Path]]:
+    """The ``checkpoint-N`` folders a run saved before its last step (a variant with ``--save_strategy steps
+    --save_steps N``), by step: scored beside the final weights, they show how the gain grows with the updates."""
+    lines = (run / "metrics.jsonl").read_text().splitlines() if (run / "metrics.jsonl").exists() else []
+    last = sum("sampling/skipped_update" in line for line in lines)
+    saved = ((p.name.removeprefix("checkpoint-"), p) for p in run.glob("checkpoint-*"))
+    return sorted((int(step), p) for step, p in saved if step.isdigit() and int(step) < last)
+
+
 def validate(
     variants: Sequence[str],
     out: Path,
@@ -246,6 +256,9 @@ def validate(
             done = grpo(0, rl_tasks, warm, run, script.serve_args, rest)
             print(f"[bench] variant {variant!r}: {done[0]} updates, {done[1]} skipped, "
                   f"{time.monotonic() - t0:.0f} s", flush=True)  # fmt: skip
+        for step, saved in intermediate_checkpoints(run):
+            checkpoints[f"{variant} @ step {step}"] = str(saved)
+            warm_of[f"{variant} @ step {step}"] = warm_label
         checkpoints[variant or "(the recipe)"] = str(run)
         warm_of[variant or "(the recipe)"] = warm_label
     evaluated = evaluate(
