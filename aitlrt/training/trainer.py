@@ -1013,6 +1013,11 @@ class AgentGRPOTrainer(GRPOTrainer):
             self._log_step_time(started)
         return loss
 
+    def _get_grad_norm(self, model: Any, grad_norm: Any = None) -> Any:
+        """The Trainer's logged gradient norm; 0 for an update that dynamic sampling skipped (no gradient was made:
+        DeepSpeed's engine would report its last real update's norm)."""
+        return 0.0 if self._skip_update else super()._get_grad_norm(model, grad_norm)
+
     def _log_step_time(self, started: float) -> None:
         """``time/step_s``: the wall time of the optimizer step's micro-steps (generation or waiting for the rollouts
         run ahead, update), logged at its last micro-step."""

@@ -94,7 +94,8 @@ def policy_weights(trainer: Trainer, merge: bool = True) -> Iterator[tuple[str, 
             yield from lora_weights(model, merge)
         return
     engine = trainer.model_wrapped if trainer.is_deepspeed_enabled else trainer.model  # accelerate needs the engine
-    yield from _once(trainer.accelerator.get_state_dict(engine).items())
+    state = trainer.accelerator.get_state_dict(engine)  # ZeRO-3: a gather every rank joins, None but on rank 0
+    yield from _once(state.items() if state is not None else ())
 
 
 def host_state_dict(trainer: Trainer) -> dict[str, torch.Tensor]:

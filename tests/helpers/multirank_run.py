@@ -8,6 +8,10 @@ different row counts, and each group of ``num_generations`` rollouts straddles t
 step 1's first round has no informative group, its second one only on rank 1; step 2 has none in either round
 (update skipped). Saves each rank's logged sampling metrics and whether the weights changed in each step.
 
+``update_main``: two GRPO steps on crafted informative rollouts of 1-3 calls each under a tiny
+``max_tokens_per_forward`` (several micro-batches per chunk), plain SGD; launched plainly or under one of
+``configs/accelerate``'s DeepSpeed configs. Saves the weights after training and what the reload sync would send.
+
 ``micro_batch_main``: one chunk of crafted rows (rank 0: 2 short rows, rank 1: 9 rows; one rank: all of them)
 under a tiny ``max_tokens_per_forward``; saves the loss, the rank-averaged gradients (as DDP's) and the number of
 forward passes each rank ran and its own micro-batches.
@@ -199,7 +203,63 @@ def dynamic_main(repo: str, out: str) -> None:
     changed = [any(not torch.equal(a, b) for a, b in zip(x, y, strict=True)) for x, y in itertools.pairwise(snapshots)]
     keys = ("sampling/rounds", "sampling/groups", "sampling/informative_groups", "sampling/skipped_update")
     logs = [{k: e[k] for k in keys} for e in trainer.state.log_history if "sampling/rounds" in e]
-    torch.save({"changed": changed, "logs": logs}, Path(out) / f"dynamic{rank}.pt")
+    norms = [e.get("grad_norm") for e in trainer.state.log_history if "sampling/rounds" in e]
+    torch.save({"changed": changed, "logs": logs, "grad_norms": norms}, Path(out) / f"dynamic{rank}.pt")
+
+
+def update_main(repo: str, out: str, accumulation: str, lora: str) -> None:
+    from peft import LoraConfig
+
+    from aitlrt.rollout.runner import RolloutOutcome
+    from aitlrt.training.weight_sync import host_state_dict, zero3
+
+    trainer = tiny_trainer(
+        "http://127.0.0.1:9",
+        repo,
+        str(Path(out) / "run"),
+        reward_funcs=[by_patch],
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]) if lora == "lora" else None,
+        tasks=8,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        gradient_accumulation_steps=int(accumulation),
+        max_tokens_per_forward=24,
+        optim="sgd",  # Adam would magnify the last bits of near-zero gradients into visible weight differences
+        learning_rate=1.0,
+        loss_type="grpo",
+        vllm_importance_sampling_correction=False,
+    )
+    trainer._connect = lambda: None  # type: ignore[method-assign]
+    trainer.weight_version = 0
+    rank, tokens = trainer.accelerator.process_index, itertools.count()
+
+    def rollouts(inputs, step=None):
+        made = []
+        for i in range(len(inputs)):
+            trace = []
+            for call in range(1 + (rank + i) % 3):
+                k = next(tokens)
+                trace.append(
+                    {
+                        "call_index": call,
+                        "prompt_token_ids": [3 + (7 * k + j) % 500 for j in range(4 + k % 5)],
+                        "completion_token_ids": [5 + (11 * k + j) % 700 for j in range(3 + k % 4)],
+                        "logprobs": [-7.0] * (3 + k % 4),
+                        "status": 200,
+                        "tag": None,
+                        "weight_version": 0,
+                    }
+                )
+            patch = "good" if i % 2 == 0 else ""
+            made.append(RolloutOutcome(f"r{rank}{i}", "t", "ok", "", patch, 1, 0, len(trace), "", trace=trace))
+        return made
+
+    trainer._rollouts = rollouts  # type: ignore[method-assign]
+    trainer.train()
+    sent = host_state_dict(trainer)  # every rank: under ZeRO-3 the others join the main process's gathers
+    norms = [e["grad_norm"] for e in trainer.state.log_history if "sampling/rounds" in e]
+    saved = {"sent": sent, "grad_norms": norms, "deepspeed": trainer.is_deepspeed_enabled, "zero3": zero3(trainer)}
+    torch.save(saved, Path(out) / f"update{rank}.pt")
 
 
 def micro_batch_main(repo: str, out: str, loss_type: str, budget: str) -> None:
@@ -251,5 +311,7 @@ if __name__ == "__main__":
         micro_batch_main(*sys.argv[2:6])
     elif sys.argv[1] == "--dynamic":
         dynamic_main(*sys.argv[2:4])
+    elif sys.argv[1] == "--update":
+        update_main(*sys.argv[2:6])
     else:
         main(*sys.argv[1:4])

@@ -65,6 +65,7 @@ def test_dynamic_sampling_decides_for_every_rank(make_repo, tmp_path):
     }
     assert step2["sampling/rounds"] == 2.0 and step2["sampling/skipped_update"] == 1.0
     assert all(r["changed"] == [True, False] for r in ranks), "step 1 trains (rank 1's group), step 2 is skipped"
+    assert all(r["grad_norms"][0] > 0 and r["grad_norms"][1] == 0.0 for r in ranks)
 
 
 def test_two_ranks_with_unequal_rows_finish_with_whole_group_advantages(
