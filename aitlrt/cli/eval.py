@@ -14,6 +14,7 @@ from aitlrt.cli.rollout import (
     print_outcomes,
     print_rewards,
     progress_printer,
+    reward_weights,
     rollout_settings,
 )
 
@@ -26,21 +27,28 @@ def add_parser(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", default="bundled", help="weights folder (or 'bundled'); with --proxy: 'served'")
     p.add_argument("--compare", default=None, help="a second weights folder, evaluated the same way")
     p.add_argument("--proxy", default=None, help="a running aitlrt-serve (default: start one on --checkpoint)")
-    p.add_argument("--rewards", default=REWARDS, help="built-in rewards to score with")
+    p.add_argument(
+        "--rewards",
+        default=REWARDS,
+        help="built-in rewards to score with, NAME[=WEIGHT],...; with any weight given (the others count 1) also the "
+        "weighted reward, as a run's reward_funcs and reward_weights score it, and its paired gain",
+    )
     p.add_argument("--max-tokens", type=int, default=512, help="tokens per model call (managed server)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (managed server)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling's top_p (managed server)")
     p.add_argument("--serve-args", default="--enforce-eager", help="extra aitlrt-serve/vLLM flags (managed server)")
     p.add_argument("--out-dir", type=Path, default=Path("runs/eval"), help="rollouts and report.html go here")
     p.set_defaults(seed=0)  # seeded by default: with --compare the two checkpoints' rollouts pair up
 
 
 def run(args: argparse.Namespace) -> None:
-    from aitlrt.evaluation.checkpoints import evaluate, write_results
-    from aitlrt.evaluation.scoring import paired, paired_difference, reward_funcs, same_patch_share
+    from aitlrt.evaluation.checkpoints import evaluate, paired_gain, write_results
+    from aitlrt.evaluation.scoring import paired, paired_difference, reward_funcs, same_patch_share, summarise
 
     checkpoints = [args.checkpoint] + ([args.compare] if args.compare else [])
     try:
-        funcs = reward_funcs(args.rewards.split(","))
+        weights = reward_weights(args.rewards)
+        funcs = reward_funcs(list(weights))
         settings = rollout_settings(args)
         prepared = prepared_tasks(args, "eval")
     except ValueError as exc:  # unknown reward or agent, bad --source, no usable task
@@ -54,14 +62,17 @@ def run(args: argparse.Namespace) -> None:
         serve_dir=args.out_dir / "serve",
         max_tokens=args.max_tokens,
         temperature=args.temperature,
+        top_p=args.top_p,
         serve_args=shlex.split(args.serve_args),
         on_progress=progress_printer(),
     )
+    weighted = weights if "=" in args.rewards else None
     for result in results:
+        result.summary = summarise(result.batch, result.rewards, weighted)
         print(f"\n== {result.label} ==")
         print_outcomes(result.batch.outcomes)
         print_rewards(result.batch.outcomes, result.rewards)
-    rollouts, report = write_results(results, args.out_dir)
+    rollouts, report = write_results(results, args.out_dir, weighted)
     print("\n" + f"{'metric':<22}" + "".join(f" {Path(r.label).name[:24]:>24}" for r in results))
     for key in results[0].summary:
         print(f"{key:<22}" + "".join(f" {r.summary[key]:>24.3f}" for r in results))
@@ -70,5 +81,7 @@ def run(args: argparse.Namespace) -> None:
         for name in results[0].rewards:
             gain, se = paired_difference(results[0].rewards[name], results[1].rewards[name])
             print(f"{name:<22} {gain:>+24.3f}  (std error {se:.3f})")
+        if weighted and (pair := paired_gain(results[0], results[1], weighted)):
+            print(f"{'reward (weighted)':<22} {pair.gain:>+24.3f}  (std error {pair.se:.3f})")
         print(f"{'same patch':<22} {same_patch_share(results[0].batch, results[1].batch):>24.3f}")
     print(f"[aitlrt] rollouts: {rollouts}; report: {report}")

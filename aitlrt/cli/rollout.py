@@ -71,6 +71,18 @@ def add_parser(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, default=None, help="write outcomes with traces as JSON lines")
 
 
+def reward_weights(spec: str) -> dict[str, float]:
+    """``NAME[=WEIGHT],...`` → weights by name (1 when not given)."""
+    weights: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, _, weight = item.partition("=")
+        try:
+            weights[name.strip()] = float(weight) if weight else 1.0
+        except ValueError:
+            raise ValueError(f"bad reward weight in {item!r} (NAME or NAME=WEIGHT)") from None
+    return weights
+
+
 def rollout_settings(args: argparse.Namespace) -> RolloutSettings:
     return RolloutSettings(
         n=args.n,

@@ -13,7 +13,13 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from aitlrt.cli.rollout import add_rollout_arguments, prepared_tasks, progress_printer, rollout_settings
+from aitlrt.cli.rollout import (
+    add_rollout_arguments,
+    prepared_tasks,
+    progress_printer,
+    reward_weights,
+    rollout_settings,
+)
 from aitlrt.tasks.difficulty import SOLVED_REWARD, TaskDifficulty, sidecar_path
 from aitlrt.tasks.loader import load_tasks, parse_overrides
 from aitlrt.tasks.sources import parse_source
@@ -132,19 +138,6 @@ def check(args: argparse.Namespace) -> int:
     return int(bad > 0 or bool(loaded.problems))
 
 
-def reward_weights(spec: str) -> dict[str, float]:
-    """``NAME[=WEIGHT],...`` → weights by name (1 when not given), ``tests_pass`` added with weight 0 if absent."""
-    weights: dict[str, float] = {}
-    for item in filter(None, (part.strip() for part in spec.split(","))):
-        name, _, weight = item.partition("=")
-        try:
-            weights[name.strip()] = float(weight) if weight else 1.0
-        except ValueError:
-            raise ValueError(f"bad reward weight in {item!r} (NAME or NAME=WEIGHT)") from None
-    weights.setdefault(SOLVED_REWARD, 0.0)
-    return weights
-
-
 def probe(args: argparse.Namespace) -> int:
     """Roll out the policy ``--k`` times per task (``aitlrt.evaluation.checkpoints.evaluate``), write the sidecar,
     print each task's difficulty and the counts of each class."""
@@ -157,6 +150,7 @@ def probe(args: argparse.Namespace) -> int:
     if args.out is None and not Path(args.tasks).is_file():
         raise ValueError(f"{args.tasks} is not a file: give the sidecar's path with --out")
     weights = reward_weights(args.rewards)
+    weights.setdefault(SOLVED_REWARD, 0.0)  # the solve rate is always computed
     funcs = reward_funcs(list(weights))
     checkpoint = args.model or (SERVED if args.serve else "bundled")
     result = evaluate(

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 def test_eval_compares_two_checkpoints_and_writes_a_report(served, make_repo, tmp_path):
     repo = make_repo({"calc.py": "def add(a, b):\n    return a - b\n"})
@@ -42,7 +44,7 @@ def test_eval_compares_two_checkpoints_and_writes_a_report(served, make_repo, tm
         "--concurrency",
         "1",  # vLLM batches alike: on CPU a batch of other requests can change a near-tie's sample
         "--rewards",
-        "non_empty_patch,patch_similarity",
+        "non_empty_patch=0.1,patch_similarity",  # a weight given: the weighted reward (similarity counts 1) too
         "--out-dir",
         str(out),
     ]
@@ -50,7 +52,7 @@ def test_eval_compares_two_checkpoints_and_writes_a_report(served, make_repo, tm
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     table = done.stdout[done.stdout.index("metric") :]
     assert "served" in table and Path(served.model_dir).name[:24] in table
-    for metric in ("non_empty_patch", "patch_similarity", "calls", "completion_tokens", "status_ok"):
+    for metric in ("non_empty_patch", "patch_similarity", "reward", "reward_se", "calls", "completion_tokens"):
         assert metric in table
     records = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
     assert [r["checkpoint"] for r in records] == ["served"] * 2 + [str(served.model_dir)] * 2
@@ -60,7 +62,10 @@ def test_eval_compares_two_checkpoints_and_writes_a_report(served, make_repo, tm
     assert answers[:2] == answers[2:] and answers[0] != answers[1], answers
     paired = done.stdout[done.stdout.index("paired by seed (2 rollouts)") :].splitlines()
     assert paired[1].split() == ["non_empty_patch", "+0.000", "(std", "error", "0.000)"], paired
-    assert paired[3].split() == ["same", "patch", "1.000"], paired
+    assert paired[3].split() == ["reward", "(weighted)", "+0.000", "(std", "error", "0.000)"], paired
+    assert paired[4].split() == ["same", "patch", "1.000"], paired
+    weighted = [0.1 * r["rewards"]["non_empty_patch"] + r["rewards"]["patch_similarity"] for r in records]
+    assert [r["reward"] for r in records] == pytest.approx(weighted)
     html = (out / "report.html").read_text()
     assert html.startswith("<!doctype html>") and html.count("<details>") == 4 and "calc-1" in html
 

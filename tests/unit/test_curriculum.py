@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from trl.trainer.utils import RepeatSampler
 
-from aitlrt.cli.tasks import reward_weights
+from aitlrt.cli.rollout import reward_weights
 from aitlrt.tasks.difficulty import (
     TaskDifficulty,
     difficulty_from_rollouts,
@@ -215,12 +215,8 @@ def test_a_bad_sidecar_line_names_its_place(tmp_path: Path):
         read_difficulty(path)
 
 
-def test_probe_reward_weights():
-    assert reward_weights("patch_similarity=0.5, non_empty_patch") == {
-        "patch_similarity": 0.5,
-        "non_empty_patch": 1.0,
-        "tests_pass": 0.0,
-    }
+def test_reward_weights_of_probe_and_eval():
+    assert reward_weights("patch_similarity=0.5, non_empty_patch") == {"patch_similarity": 0.5, "non_empty_patch": 1.0}
     assert reward_weights("tests_pass=2") == {"tests_pass": 2.0}
     with pytest.raises(ValueError, match="bad reward weight"):
         reward_weights("tests_pass=x")
