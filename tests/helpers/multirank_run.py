@@ -10,7 +10,8 @@ step 1's first round has no informative group, its second one only on rank 1; st
 
 ``update_main``: two GRPO steps on crafted informative rollouts of 1-3 calls each under a tiny
 ``max_tokens_per_forward`` (several micro-batches per chunk), plain SGD; launched plainly or under one of
-``configs/accelerate``'s DeepSpeed configs. Saves the weights after training and what the reload sync would send.
+``configs/accelerate``'s DeepSpeed configs. Saves what the reload sync would send after training and the weight
+probe's logprobs.
 
 ``micro_batch_main``: one chunk of crafted rows (rank 0: 2 short rows, rank 1: 9 rows; one rank: all of them)
 under a tiny ``max_tokens_per_forward``; saves the loss, the rank-averaged gradients (as DDP's) and the number of
@@ -211,6 +212,7 @@ def update_main(repo: str, out: str, accumulation: str, lora: str) -> None:
     from peft import LoraConfig
 
     from aitlrt.rollout.runner import RolloutOutcome
+    from aitlrt.training.probe import policy_logprobs
     from aitlrt.training.weight_sync import host_state_dict, zero3
 
     trainer = tiny_trainer(
@@ -257,8 +259,10 @@ def update_main(repo: str, out: str, accumulation: str, lora: str) -> None:
     trainer._rollouts = rollouts  # type: ignore[method-assign]
     trainer.train()
     sent = host_state_dict(trainer)  # every rank: under ZeRO-3 the others join the main process's gathers
+    probe = policy_logprobs(trainer, [3, 14, 15, 92, 65, 35])  # the weight probe's forward: collective under ZeRO-3
     norms = [e["grad_norm"] for e in trainer.state.log_history if "sampling/rounds" in e]
-    saved = {"sent": sent, "grad_norms": norms, "deepspeed": trainer.is_deepspeed_enabled, "zero3": zero3(trainer)}
+    saved = {"sent": sent, "probe": probe, "grad_norms": norms, "deepspeed": trainer.is_deepspeed_enabled}
+    saved["zero3"] = zero3(trainer)
     torch.save(saved, Path(out) / f"update{rank}.pt")
 
 

@@ -1,8 +1,8 @@
 """The trainer under DeepSpeed, launched as a cluster user launches it (``accelerate launch --config_file
 configs/accelerate/zero2.yaml`` / ``zero3.yaml``), on two CPU ranks (DeepSpeed's CPU accelerator, gloo; fp32 instead
 of the configs' bf16): the update, with micro-batches and gradient accumulation, and what the reload sync sends give
-the weights plain DDP gives, for full fine-tuning and LoRA (merged under ZeRO-3's gathers); a step that dynamic
-sampling skips changes no weight and logs no gradient."""
+the weights plain DDP gives, for full fine-tuning and LoRA (merged under ZeRO-3's gathers), and so does the
+weight probe's forward; a step that dynamic sampling skips changes no weight and logs no gradient."""
 
 from __future__ import annotations
 
@@ -62,6 +62,7 @@ def test_zero_updates_and_sync_match_ddp(make_repo, tmp_path, lora):
         for key, tensor in ddp["sent"].items():
             torch.testing.assert_close(run["sent"][key], tensor, rtol=0, atol=1e-5, msg=f"{name}: {key}")
         assert run["grad_norms"] == pytest.approx(ddp["grad_norms"], rel=1e-4), name
+        assert run["probe"] == pytest.approx(ddp["probe"], abs=1e-5), name
 
 
 def test_a_skipped_update_under_zero2_changes_nothing_and_logs_no_gradient(make_repo, tmp_path):
