@@ -284,7 +284,8 @@ def validate(
         if label in warm_of:
             pair = paired_gain(by_label[warm_of[label]], by_label[label], weights)
             gain = f"{pair['gain']:>+9.3f}{2 * pair['gain_se']:>9.3f}{pair['same_patch']:>9.2f}"
-        print(f"{label[:51]:<52}" + "".join(f"{summary[key]:>9.3f}" for _, key in COLUMNS) + gain)
+        short = label if len(label) <= 51 else f"{label[:24]}...{label[-24:]}"  # keeps a saved step's "@ step N"
+        print(f"{short:<52}" + "".join(f"{summary[key]:>9.3f}" for _, key in COLUMNS) + gain)
     print(f"validation: {len(prepared)} tasks x {VALIDATION_ROLLOUTS} rollouts, paired by seed with the warm start's "
           "(same: the share that left the same patch); a gain inside +/-2se (two standard errors of the paired "
           f"difference) is not told apart from none; everything under {out}")  # fmt: skip
