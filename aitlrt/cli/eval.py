@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import tempfile
 from pathlib import Path
+from typing import Any
 
 from aitlrt.cli.rollout import (
     add_rollout_arguments,
@@ -21,9 +23,16 @@ from aitlrt.cli.rollout import (
 REWARDS = "tests_pass,patch_similarity,non_empty_patch"
 
 
-def add_parser(verbs: argparse._SubParsersAction) -> None:
+def add_parser(verbs: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = verbs.add_parser("eval", help="evaluate one checkpoint, or compare two, on tasks (no training)")
     add_rollout_arguments(p)
+    p.add_argument(
+        "--config",
+        default=None,
+        help="a training config (YAML, as aitlrt/train.py takes): its agent, call limit, context window, rollout "
+        "timeout and concurrency, sampling, serve args and rewards with their weights become the defaults here, so "
+        "a checkpoint is measured as its run measured it; flags given here override them",
+    )
     p.add_argument("--checkpoint", default="bundled", help="weights folder (or 'bundled'); with --proxy: 'served'")
     p.add_argument("--compare", default=None, help="a second weights folder, evaluated the same way")
     p.add_argument("--proxy", default=None, help="a running aitlrt-serve (default: start one on --checkpoint)")
@@ -36,9 +45,42 @@ def add_parser(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=int, default=512, help="tokens per model call (managed server)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (managed server)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling's top_p (managed server)")
+    p.add_argument("--top-k", type=int, default=-1, help="top_k sampling, -1 for none (managed server)")
     p.add_argument("--serve-args", default="--enforce-eager", help="extra aitlrt-serve/vLLM flags (managed server)")
     p.add_argument("--out-dir", type=Path, default=Path("runs/eval"), help="rollouts and report.html go here")
     p.set_defaults(seed=0)  # seeded by default: with --compare the two checkpoints' rollouts pair up
+    return p
+
+
+def config_defaults(path: str) -> dict[str, Any]:
+    """The settings of training config ``path`` that a run's held-out evaluation uses, by this command's argument
+    names (the run's reward weights as ``--rewards NAME=WEIGHT``)."""
+    from trl import ModelConfig, TrlParser
+
+    from aitlrt.training.config import AgentGRPOConfig, AgentScriptArguments
+
+    parser = TrlParser((AgentScriptArguments, AgentGRPOConfig, ModelConfig))  # type: ignore[arg-type]
+    try:
+        script, config, _ = parser.parse_args_and_config(["--config", path, "--output_dir", tempfile.gettempdir()])
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"aitlrt eval: --config {path}: {exc}") from None
+    weights = config.reward_weights or [1.0] * len(script.rewards)
+    return {
+        "agent": config.agent,
+        "edit_format": config.edit_format,
+        "aider_reminder": config.aider_reminder,
+        "concurrency": config.rollout_concurrency,
+        "timeout": config.rollout_timeout_s,
+        "max_calls": config.rollout_max_calls,
+        "context_window": config.context_window,
+        "fresh_workspaces": not config.recycle_workspaces,
+        "max_tokens": config.max_completion_length,
+        "temperature": config.temperature,
+        "top_p": config.top_p,
+        "top_k": config.top_k or -1,
+        "serve_args": script.serve_args,
+        "rewards": ",".join(f"{name}={weight:g}" for name, weight in zip(script.rewards, weights, strict=True)),
+    }
 
 
 def run(args: argparse.Namespace) -> None:
@@ -63,6 +105,7 @@ def run(args: argparse.Namespace) -> None:
         max_tokens=args.max_tokens,
         temperature=args.temperature,
         top_p=args.top_p,
+        top_k=args.top_k,
         serve_args=shlex.split(args.serve_args),
         on_progress=progress_printer(),
     )

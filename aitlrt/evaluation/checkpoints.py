@@ -74,6 +74,7 @@ def evaluate(
     max_tokens: int = 512,
     temperature: float = 1.0,
     top_p: float = 1.0,
+    top_k: int = -1,
     serve_args: Sequence[str] = ("--enforce-eager",),
     on_progress: Callable[[Progress], None] | None = None,
 ) -> list[CheckpointResult]:
@@ -81,14 +82,20 @@ def evaluate(
 
     With ``proxy`` (a running ``aitlrt-serve``) the first checkpoint is loaded into it unless it is ``served``;
     without, a server is started on the first checkpoint (``managed_server`` in ``serve_dir`` with ``max_tokens``,
-    ``temperature``, ``top_p`` and ``serve_args``) and stopped at the end. Every later checkpoint is loaded into
-    that server.
+    ``temperature``, ``top_p``, ``top_k`` and ``serve_args``) and stopped at the end. Every later checkpoint is loaded
+    into that server.
     """
     with ExitStack() as stack:
         if proxy is None:
             model = resolve_model(checkpoints[0])
             serve = managed_server(
-                model, serve_dir, temperature=temperature, top_p=top_p, max_tokens=max_tokens, extra_args=serve_args
+                model,
+                serve_dir,
+                temperature=temperature,
+                top_p=top_p,
+                top_k=top_k,
+                max_tokens=max_tokens,
+                extra_args=serve_args,
             )
             proxy = stack.enter_context(serve).url
             loaded = checkpoints[0]
