@@ -276,7 +276,8 @@ def validate(
     for label, result in by_label.items():
         result.label = label
         result.summary = summaries[label] = summarise(result.batch, result.rewards, weights)
-    write_results(evaluated, out / "validation", weights=weights)
+    folder = out / time.strftime("validation-%Y%m%d-%H%M%S")  # a rerun in the same AITLRT_BENCH_OUT keeps earlier ones
+    write_results(evaluated, folder, weights=weights)
     header = f"\n{'checkpoint':<52}" + "".join(f"{name:>9}" for name, _ in COLUMNS)
     print(header + f"{'gain':>9}{'+/-2se':>9}{'same':>9}")
     for label, summary in summaries.items():
@@ -288,7 +289,7 @@ def validate(
         print(f"{short:<52}" + "".join(f"{summary[key]:>9.3f}" for _, key in COLUMNS) + gain)
     print(f"validation: {len(prepared)} tasks x {VALIDATION_ROLLOUTS} rollouts, paired by seed with the warm start's "
           "(same: the share that left the same patch); a gain inside +/-2se (two standard errors of the paired "
-          f"difference) is not told apart from none; everything under {out}")  # fmt: skip
+          f"difference) is not told apart from none; rollouts and report in {folder}")  # fmt: skip
 
 
 def report(
