@@ -85,8 +85,7 @@ def run(
     from aitlrt.rewards.builtin import REWARDS
     from aitlrt.serving.process import ServeProcess, managed_server
     from aitlrt.tasks.loader import TaskLoadError
-    from aitlrt.tasks.split import split_heldout, split_warm_start
-    from aitlrt.training.dataset import load_task_rows, warm_start_extra_rows
+    from aitlrt.training.dataset import run_tasks
     from aitlrt.training.trainer import AgentGRPOTrainer
 
     unknown = [name for name in script.rewards if name not in REWARDS]
@@ -98,31 +97,12 @@ def run(
     state = PartialState()
     with state.main_process_first():
         try:
-            rows = load_task_rows(script)
-        except TaskLoadError as exc:
+            tasks = run_tasks(script)
+        except (TaskLoadError, ValueError) as exc:
             raise SystemExit(f"aitlrt train: {exc}") from None
-    heldout: list[dict[str, Any]] = []
-    if script.heldout_share > 0:
-        try:
-            rows, heldout = split_heldout(rows, script.heldout_share, script.heldout_files, script.heldout_seed)
-        except ValueError as exc:
-            raise SystemExit(f"aitlrt train: {exc}") from None
-        log.info("%d training tasks, %d held out", len(rows), len(heldout))
-    if script.warm_start != "none":
-        try:
-            warm_rows, rows = split_warm_start(rows, script.warm_start_share, script.heldout_seed)
-        except ValueError as exc:
-            raise SystemExit(f"aitlrt train: {exc}") from None
-        with state.main_process_first():
-            extra = warm_start_extra_rows(script)
-            if script.warm_start_share < 1 or extra:
-                log.info(
-                    "warm start on %d training tasks and %d of warm_start_from, GRPO on %d training tasks",
-                    len(warm_rows),
-                    len(extra),
-                    len(rows),
-                )
-            model_path = warm_start_model(script, config, warm_rows + extra, model_path)
+        if script.warm_start != "none":
+            model_path = warm_start_model(script, config, tasks.warm_start, model_path)
+    rows, heldout = tasks.grpo, tasks.heldout
     server: contextlib.AbstractContextManager[ServeProcess | None] = contextlib.nullcontext()
     if script.serve == "managed":
         if state.num_processes > 1 and not config.proxy_url:
@@ -181,7 +161,7 @@ def run(
             if heldout:
                 evaluations.append(heldout_evaluation("after", heldout, script, config))
                 finish_heldout(
-                    evaluations, out_dir, dict(zip(script.rewards, reward_weights(script, config), strict=True))
+                    evaluations, out_dir, dict(zip(script.rewards, heldout_weights(script, config), strict=True))
                 )
             write_run_report(out_dir)  # logs its path
         return trainer
@@ -195,7 +175,7 @@ def heldout_evaluation(
     from aitlrt.evaluation.scoring import reward_funcs
 
     settings = config.rollout_settings(script.heldout_rollouts, seed=config.seed)  # before and after pair up
-    weights = reward_weights(script, config)
+    weights = heldout_weights(script, config)
     log.info("held-out evaluation (%s training): %d tasks x %d rollouts", label, len(rows), settings.n)
     return evaluate_served(
         label,
@@ -207,8 +187,9 @@ def heldout_evaluation(
     )
 
 
-def reward_weights(script: AgentScriptArguments, config: AgentGRPOConfig) -> list[float]:
-    return list(config.reward_weights or [1.0] * len(script.rewards))
+def heldout_weights(script: AgentScriptArguments, config: AgentGRPOConfig) -> list[float]:
+    """The weights of the held-out evaluation's weighted reward: ``heldout_reward_weights``, else the training's."""
+    return list(script.heldout_reward_weights or config.reward_weights or [1.0] * len(script.rewards))
 
 
 def finish_heldout(evaluations: list[CheckpointResult], out_dir: Path, weights: dict[str, float]) -> None:

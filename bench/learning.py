@@ -119,6 +119,7 @@ def main() -> None:
     from aitlrt.evaluation.heldout import prepare_rows
     from aitlrt.evaluation.scoring import reward_funcs, summarise
     from aitlrt.tasks.split import split_heldout
+    from aitlrt.train import heldout_weights
     from aitlrt.training.config import AgentGRPOConfig, AgentScriptArguments
     from aitlrt.training.dataset import load_task_rows
 
@@ -143,7 +144,7 @@ def main() -> None:
     print(f"[bench] {len(train)} training tasks, {len(heldout)} held-out tasks", flush=True)
     base = resolve_model(model_args.model_name_or_path or "bundled")
     names = list(script.rewards)
-    weights = dict(zip(names, config.reward_weights or [1.0] * len(names), strict=True))
+    weights = dict(zip(names, heldout_weights(script, config), strict=True))
     funcs = reward_funcs(names)
     prepared = prepare_rows(heldout)
     if validating:
@@ -194,13 +195,13 @@ def warm_and_rl(train: list[dict], share: float, out: Path, base: str, script: A
     GRPO trains on."""
     from aitlrt.tasks.split import split_warm_start
     from aitlrt.tasks.task import task_from_row
-    from aitlrt.training.dataset import warm_start_extra_rows
+    from aitlrt.training.dataset import source_rows
     from aitlrt.warmstart.recipe import warm_start
 
     warm_rows, rl_rows = split_warm_start(train, share, script.heldout_seed)
     rl_tasks = out / "tasks" / ("train.jsonl" if share == 1 else f"rl-{share:g}.jsonl")
     write_rows(rl_tasks, rl_rows)
-    extra = warm_start_extra_rows(script)
+    extra = source_rows(script.warm_start_from, script.warm_start_from_tasks, script.generate_max_file_lines)
     t0 = time.monotonic()
     flags = shlex.split(script.warm_start_args)
     tasks = [task_from_row(r) for r in warm_rows + extra]

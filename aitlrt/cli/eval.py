@@ -57,7 +57,7 @@ def config_defaults(path: str) -> dict[str, Any]:
     names (the run's reward weights as ``--rewards NAME=WEIGHT``)."""
     from trl import ModelConfig, TrlParser
 
-    from aitlrt.train import reward_weights as run_reward_weights
+    from aitlrt.train import heldout_weights
     from aitlrt.training.config import AgentGRPOConfig, AgentScriptArguments
 
     parser = TrlParser((AgentScriptArguments, AgentGRPOConfig, ModelConfig))  # type: ignore[arg-type]
@@ -65,7 +65,7 @@ def config_defaults(path: str) -> dict[str, Any]:
         script, config, _ = parser.parse_args_and_config(["--config", path, "--output_dir", tempfile.gettempdir()])
     except (OSError, ValueError) as exc:
         raise SystemExit(f"aitlrt eval: --config {path}: {exc}") from None
-    weights = run_reward_weights(script, config)
+    weights = heldout_weights(script, config)
     return {
         "agent": config.agent,
         "edit_format": config.edit_format,

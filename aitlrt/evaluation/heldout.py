@@ -55,7 +55,11 @@ def summary_table(results: Sequence[CheckpointResult], weights: Mapping[str, flo
         if all(key in r.summary for r in results):
             lines.append(f"{name:<16}" + "".join(f" {r.summary[key]:>{width}.3f}" for r in results))
     tasks = len({t.instance_id for t in results[0].batch.tasks}) if results else 0
-    lines.append(f"({tasks} tasks x {len(results[0].batch.outcomes) // max(1, tasks)} rollouts each)")
+    formula = " + ".join(f"{w:g} {name}" for name, w in (weights or {}).items() if w)
+    lines.append(
+        f"({tasks} tasks x {len(results[0].batch.outcomes) // max(1, tasks)} rollouts each"
+        + (f"; weighted reward = {formula})" if formula else ")")
+    )
     if weights and len(results) == 2 and (pair := paired_gain(results[0], results[1], weights)):
         lines.append(
             f"paired by seed: {results[1].label} - {results[0].label} weighted reward {pair.gain:+.3f} (std error "

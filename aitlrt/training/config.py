@@ -339,12 +339,38 @@ class AgentScriptArguments:
         },
     )
     warm_start_from_tasks: int = field(default=24, metadata={"help": "tasks generated per warm_start_from source"})
+    grpo_from: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "more sources (pypi:NAME==VERSION, git:URL@SHA, a path) whose generated tasks (grpo_from_tasks "
+            "each, cached like --tasks generate) join GRPO's training tasks only, never the warm start's or the "
+            "held-out ones: RL on varied code, not only the files of --tasks"
+        },
+    )
+    grpo_from_tasks: int = field(default=12, metadata={"help": "tasks generated per grpo_from source"})
+    heldout_reward_weights: list[float] | None = field(
+        default=None,
+        metadata={
+            "help": "weights of the rewards in the held-out evaluation's weighted reward (default: reward_weights): "
+            "a run that trains on a shaped reward keeps scoring held-out tasks with the reward it is judged by"
+        },
+    )
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.warm_start_share <= 1.0:
             raise ValueError(f"warm_start_share must be in [0, 1], got {self.warm_start_share}")
         if self.warm_start_share == 0.0 and not self.warm_start_from:
             raise ValueError("warm_start_share 0 leaves the warm start no task: give it some with warm_start_from")
+        if self.heldout_reward_weights is not None and len(self.heldout_reward_weights) != len(self.rewards):
+            raise ValueError(
+                f"heldout_reward_weights has {len(self.heldout_reward_weights)} weights for "
+                f"{len(self.rewards)} rewards {self.rewards}"
+            )
+        if self.tasks == "generate" and self.generate_from in self.warm_start_from + self.grpo_from:
+            raise ValueError(
+                f"{self.generate_from} is --generate_from: listed in warm_start_from or grpo_from, its held-out "
+                "tasks would be trained on"
+            )
         if self.warm_start_from and self.warm_start != "oracle":
             raise ValueError(f"warm_start_from adds tasks to warm_start 'oracle', not to {self.warm_start!r}")
         if self.warm_start_share < 1.0 and self.warm_start != "oracle":

@@ -4,12 +4,14 @@ from ``--generate_from`` and reused), each with its repository fetched and cache
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aitlrt.common.paths import aitlrt_home
 from aitlrt.rollout.batch import prepare_tasks
 from aitlrt.tasks.loader import load_tasks, parse_overrides
+from aitlrt.tasks.split import split_heldout, split_warm_start
 
 if TYPE_CHECKING:
     from aitlrt.training.config import AgentScriptArguments
@@ -56,13 +58,45 @@ def load_task_rows(script: AgentScriptArguments) -> list[dict[str, Any]]:
     return _rows(spec, script.task_split, parse_overrides(script.task_source), script.num_tasks)
 
 
-def warm_start_extra_rows(script: AgentScriptArguments) -> list[dict[str, Any]]:
-    """The tasks generated from each source of ``--warm_start_from`` (``warm_start_from_tasks`` each, cached like
-    ``--tasks generate``), rows like ``load_task_rows``'s: for the warm start only."""
+@dataclass
+class RunTasks:
+    """A run's task rows by use; no task is in both ``grpo`` and ``heldout``."""
+
+    grpo: list[dict[str, Any]]
+    """GRPO's: the training tasks of ``--tasks`` not kept for the warm start, then ``--grpo_from``'s."""
+    heldout: list[dict[str, Any]] = field(default_factory=list)
+    """``heldout_share`` of ``--tasks`` (``split_heldout``), scored before and after training."""
+    warm_start: list[dict[str, Any]] = field(default_factory=list)
+    """The oracle warm start's: its ``warm_start_share`` of the training tasks, then ``--warm_start_from``'s."""
+
+
+def run_tasks(script: AgentScriptArguments) -> RunTasks:
+    """Load ``--tasks``, split off the held-out and the warm start's tasks and add the other sources' tasks.
+    Raises ``TaskLoadError`` (no usable task) or ``ValueError`` (a split that cannot be made)."""
+    rows = load_task_rows(script)
+    heldout: list[dict[str, Any]] = []
+    if script.heldout_share > 0:
+        rows, heldout = split_heldout(rows, script.heldout_share, script.heldout_files, script.heldout_seed)
+        log.info("%d training tasks, %d held out", len(rows), len(heldout))
+    warm: list[dict[str, Any]] = []
+    if script.warm_start != "none":
+        warm, rows = split_warm_start(rows, script.warm_start_share, script.heldout_seed)
+        extra = source_rows(script.warm_start_from, script.warm_start_from_tasks, script.generate_max_file_lines)
+        if script.warm_start_share < 1 or extra:
+            log.info("warm start on %d training tasks and %d of warm_start_from", len(warm), len(extra))
+        warm += extra
+    extra = source_rows(script.grpo_from, script.grpo_from_tasks, script.generate_max_file_lines)
+    log.info("GRPO on %d training tasks%s", len(rows), f" and {len(extra)} of grpo_from" if extra else "")
+    return RunTasks(rows + extra, heldout, warm)
+
+
+def source_rows(sources: list[str], per_source: int, max_file_lines: int | None) -> list[dict[str, Any]]:
+    """The tasks generated from each of ``sources`` (``per_source`` each, cached like ``--tasks generate``), rows
+    like ``load_task_rows``'s: ``--warm_start_from``'s for the warm start, ``--grpo_from``'s for GRPO."""
     rows = []
-    for source in script.warm_start_from:
-        path = generated_tasks(source, script.warm_start_from_tasks, script.generate_max_file_lines)
-        rows += _rows(str(path), "test", {}, script.warm_start_from_tasks)
+    for source in sources:
+        path = generated_tasks(source, per_source, max_file_lines)
+        rows += _rows(str(path), "test", {}, per_source)
     return rows
 
 

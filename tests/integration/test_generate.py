@@ -57,17 +57,10 @@ def test_generation_reports_a_source_whose_suite_does_not_pass(tmp_path):
     assert made.returncode != 0 and "does not pass at its base" in made.stderr
 
 
-def test_warm_start_from_gives_the_generated_tasks_of_each_source():
-    from aitlrt.training.config import AgentScriptArguments
-    from aitlrt.training.dataset import generated_tasks, warm_start_extra_rows
+def test_source_rows_are_the_generated_tasks_of_each_source():
+    from aitlrt.training.dataset import generated_tasks, source_rows
 
-    script = AgentScriptArguments(
-        warm_start="oracle",
-        warm_start_from=["pypi:cachetools==8.0.1"],
-        warm_start_from_tasks=2,
-        generate_max_file_lines=200,
-    )
-    rows = warm_start_extra_rows(script)
+    rows = source_rows(["pypi:cachetools==8.0.1"], 2, 200)
     cached = [json.loads(line) for line in generated_tasks("pypi:cachetools==8.0.1", 2, 200).read_text().splitlines()]
     assert [r["instance_id"] for r in rows] == [c["instance_id"] for c in cached[:2]]
     assert [r["prompt"] for r in rows] == [c["problem_statement"] for c in cached[:2]]

@@ -86,7 +86,9 @@ def test_the_heldout_table_shows_the_paired_gain_of_seeded_evaluations():
 
     before = result("before", ["x", "y"], {"patch_similarity": [0.0, 0.2]}, [5, 6])
     after = result("after", ["x", "z"], {"patch_similarity": [0.3, 0.3]}, [5, 6])
-    line = summary_table([before, after], weights).splitlines()[-1]
+    table = summary_table([before, after], {**weights, "non_empty_patch": 0.0}).splitlines()
+    assert table[-2] == "(2 tasks x 1 rollouts each; weighted reward = 1 patch_similarity)", "the weights it reports"
+    line = table[-1]
     assert line.startswith("paired by seed: after - before weighted reward +0.200 (std error 0.100)"), line
     assert "50% of the rollouts left the same patch" in line
     unpaired = result("after", ["x", "z"], {"patch_similarity": [0.3, 0.3]}, [None, None])

@@ -251,3 +251,57 @@ def test_generated_tasks_are_topped_up_unless_the_source_ran_out(tmp_path, monke
         ("pypi:large==1", 3, 2),
     ]
     assert len(generated_tasks("pypi:small==1", 5, 110).read_text().splitlines()) == 3
+
+
+def test_run_tasks_give_each_sources_tasks_to_its_own_part_only(monkeypatch):
+    import aitlrt.training.dataset as dataset
+    from aitlrt.tasks.split import task_function
+    from aitlrt.training.config import AgentScriptArguments
+
+    rows = [
+        {"instance_id": f"t{i}", "files": [f"{fn}.py"], "mutation": f"{fn}.py: changed `<` to `>` in {fn}{i % 3}"}
+        for i, fn in enumerate("aabbbcccdd" * 2)
+    ]
+    asked: list[tuple[list[str], int]] = []
+
+    def source_rows(sources, per_source, max_file_lines):
+        asked.append((sources, per_source))
+        return [{"instance_id": f"{s}-{i}"} for s in sources for i in range(per_source)]
+
+    monkeypatch.setattr(dataset, "load_task_rows", lambda script: list(rows))
+    monkeypatch.setattr(dataset, "source_rows", source_rows)
+    script = AgentScriptArguments(
+        heldout_share=0.3,
+        warm_start="oracle",
+        warm_start_share=0.5,
+        warm_start_from=["pypi:w==1"],
+        warm_start_from_tasks=2,
+        grpo_from=["pypi:g==1", "pypi:h==1"],
+        grpo_from_tasks=3,
+    )
+    tasks = dataset.run_tasks(script)
+    ids = {part: {r["instance_id"] for r in getattr(tasks, part)} for part in ("grpo", "heldout", "warm_start")}
+    assert {i for i in ids["grpo"] if "==" in i} == {f"pypi:{s}==1-{i}" for s in "gh" for i in range(3)}
+    assert {i for i in ids["warm_start"] if "==" in i} == {"pypi:w==1-0", "pypi:w==1-1"}
+    assert not {i for i in ids["heldout"] if "==" in i}, "other sources' tasks are never held out"
+    assert ids["heldout"] and ids["heldout"].isdisjoint(ids["grpo"] | ids["warm_start"])
+    own = {part: {task_function(r) for r in getattr(tasks, part) if "mutation" in r} for part in ids}
+    assert own["grpo"] and own["warm_start"] and own["grpo"].isdisjoint(own["warm_start"])
+    assert asked == [(["pypi:w==1"], 2), (["pypi:g==1", "pypi:h==1"], 3)]
+    assert not dataset.run_tasks(AgentScriptArguments(heldout_share=0.3)).warm_start
+
+
+def test_reward_weights_of_the_heldout_evaluation_and_sources_that_would_leak_are_checked():
+    from aitlrt.train import heldout_weights
+    from aitlrt.training.config import AgentGRPOConfig, AgentScriptArguments
+
+    script = AgentScriptArguments(rewards=["tests_pass", "patch_similarity"], heldout_reward_weights=[1.0, 0.0])
+    config = AgentGRPOConfig(output_dir="/tmp/x", reward_weights=[1.0, 0.5])
+    assert heldout_weights(script, config) == [1.0, 0.0]
+    assert heldout_weights(AgentScriptArguments(rewards=["tests_pass", "patch_similarity"]), config) == [1.0, 0.5]
+    with pytest.raises(ValueError, match="1 weights for 2 rewards"):
+        AgentScriptArguments(rewards=["tests_pass", "patch_similarity"], heldout_reward_weights=[1.0])
+    with pytest.raises(ValueError, match="held-out tasks would be trained on"):
+        AgentScriptArguments(
+            tasks="generate", generate_from="pypi:cachetools==8.0.1", grpo_from=["pypi:cachetools==8.0.1"]
+        )
