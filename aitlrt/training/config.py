@@ -366,11 +366,6 @@ class AgentScriptArguments:
                 f"heldout_reward_weights has {len(self.heldout_reward_weights)} weights for "
                 f"{len(self.rewards)} rewards {self.rewards}"
             )
-        if self.tasks == "generate" and self.generate_from in self.warm_start_from + self.grpo_from:
-            raise ValueError(
-                f"{self.generate_from} is --generate_from: listed in warm_start_from or grpo_from, its held-out "
-                "tasks would be trained on"
-            )
         if self.warm_start_from and self.warm_start != "oracle":
             raise ValueError(f"warm_start_from adds tasks to warm_start 'oracle', not to {self.warm_start!r}")
         if self.warm_start_share < 1.0 and self.warm_start != "oracle":

@@ -79,15 +79,20 @@ def run_tasks(script: AgentScriptArguments) -> RunTasks:
         rows, heldout = split_heldout(rows, script.heldout_share, script.heldout_files, script.heldout_seed)
         log.info("%d training tasks, %d held out", len(rows), len(heldout))
     warm: list[dict[str, Any]] = []
+    warm_extra = source_rows(script.warm_start_from, script.warm_start_from_tasks, script.generate_max_file_lines)
     if script.warm_start != "none":
         warm, rows = split_warm_start(rows, script.warm_start_share, script.heldout_seed)
-        extra = source_rows(script.warm_start_from, script.warm_start_from_tasks, script.generate_max_file_lines)
-        if script.warm_start_share < 1 or extra:
-            log.info("warm start on %d training tasks and %d of warm_start_from", len(warm), len(extra))
-        warm += extra
-    extra = source_rows(script.grpo_from, script.grpo_from_tasks, script.generate_max_file_lines)
-    log.info("GRPO on %d training tasks%s", len(rows), f" and {len(extra)} of grpo_from" if extra else "")
-    return RunTasks(rows + extra, heldout, warm)
+        if script.warm_start_share < 1 or warm_extra:
+            log.info("warm start on %d training tasks and %d of warm_start_from", len(warm), len(warm_extra))
+    grpo_extra = source_rows(script.grpo_from, script.grpo_from_tasks, script.generate_max_file_lines)
+    log.info("GRPO on %d training tasks%s", len(rows), f" and {len(grpo_extra)} of grpo_from" if grpo_extra else "")
+    leaked = {r["instance_id"] for r in heldout} & {r["instance_id"] for r in warm_extra + grpo_extra}
+    if leaked:
+        raise ValueError(
+            f"{len(leaked)} held-out tasks ({', '.join(sorted(leaked)[:3])}, ...) are also tasks of warm_start_from "
+            "or grpo_from: they would be trained on"
+        )
+    return RunTasks(rows + grpo_extra, heldout, warm + warm_extra)
 
 
 def source_rows(sources: list[str], per_source: int, max_file_lines: int | None) -> list[dict[str, Any]]:

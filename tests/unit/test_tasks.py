@@ -289,9 +289,13 @@ def test_run_tasks_give_each_sources_tasks_to_its_own_part_only(monkeypatch):
     assert own["grpo"] and own["warm_start"] and own["grpo"].isdisjoint(own["warm_start"])
     assert asked == [(["pypi:w==1"], 2), (["pypi:g==1", "pypi:h==1"], 3)]
     assert not dataset.run_tasks(AgentScriptArguments(heldout_share=0.3)).warm_start
+    held = tasks.heldout[0]["instance_id"]  # a source that gives a held-out task again (e.g. --generate_from's)
+    monkeypatch.setattr(dataset, "source_rows", lambda sources, n, lines: [{"instance_id": held}] if sources else [])
+    with pytest.raises(ValueError, match=rf"1 held-out tasks \({held}, ...\) .* would be trained on"):
+        dataset.run_tasks(AgentScriptArguments(heldout_share=0.3, grpo_from=["pypi:cachetools==8.0.1"]))
 
 
-def test_reward_weights_of_the_heldout_evaluation_and_sources_that_would_leak_are_checked():
+def test_the_heldout_evaluation_has_its_own_reward_weights():
     from aitlrt.train import heldout_weights
     from aitlrt.training.config import AgentGRPOConfig, AgentScriptArguments
 
@@ -301,7 +305,3 @@ def test_reward_weights_of_the_heldout_evaluation_and_sources_that_would_leak_ar
     assert heldout_weights(AgentScriptArguments(rewards=["tests_pass", "patch_similarity"]), config) == [1.0, 0.5]
     with pytest.raises(ValueError, match="1 weights for 2 rewards"):
         AgentScriptArguments(rewards=["tests_pass", "patch_similarity"], heldout_reward_weights=[1.0])
-    with pytest.raises(ValueError, match="held-out tasks would be trained on"):
-        AgentScriptArguments(
-            tasks="generate", generate_from="pypi:cachetools==8.0.1", grpo_from=["pypi:cachetools==8.0.1"]
-        )
