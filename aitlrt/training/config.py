@@ -361,6 +361,11 @@ class AgentScriptArguments:
             raise ValueError(f"warm_start_share must be in [0, 1], got {self.warm_start_share}")
         if self.warm_start_share == 0.0 and not self.warm_start_from:
             raise ValueError("warm_start_share 0 leaves the warm start no task: give it some with warm_start_from")
+        for name in ("warm_start_from_tasks", "grpo_from_tasks"):
+            if getattr(self, name) < 1:
+                raise ValueError(
+                    f"{name} must be at least 1, got {getattr(self, name)} (an empty source list adds none)"
+                )
         if self.heldout_reward_weights is not None and len(self.heldout_reward_weights) != len(self.rewards):
             raise ValueError(
                 f"heldout_reward_weights has {len(self.heldout_reward_weights)} weights for "

@@ -303,5 +303,7 @@ def test_the_heldout_evaluation_has_its_own_reward_weights():
     config = AgentGRPOConfig(output_dir="/tmp/x", reward_weights=[1.0, 0.5])
     assert heldout_weights(script, config) == [1.0, 0.0]
     assert heldout_weights(AgentScriptArguments(rewards=["tests_pass", "patch_similarity"]), config) == [1.0, 0.5]
+    with pytest.raises(ValueError, match="grpo_from_tasks must be at least 1, got 0"):
+        AgentScriptArguments(grpo_from_tasks=0)
     with pytest.raises(ValueError, match="1 weights for 2 rewards"):
         AgentScriptArguments(rewards=["tests_pass", "patch_similarity"], heldout_reward_weights=[1.0])
