@@ -85,6 +85,7 @@ def run(
     from aitlrt.rewards.builtin import REWARDS
     from aitlrt.serving.process import ServeProcess, managed_server
     from aitlrt.tasks.loader import TaskLoadError
+    from aitlrt.training.config import heldout_weights
     from aitlrt.training.dataset import run_tasks
     from aitlrt.training.trainer import AgentGRPOTrainer
 
@@ -173,6 +174,7 @@ def heldout_evaluation(
     """The served policy on the held-out tasks, with the run's agent, sampling and rewards."""
     from aitlrt.evaluation.heldout import evaluate_served, prepare_rows
     from aitlrt.evaluation.scoring import reward_funcs
+    from aitlrt.training.config import heldout_weights
 
     settings = config.rollout_settings(script.heldout_rollouts, seed=config.seed)  # before and after pair up
     weights = heldout_weights(script, config)
@@ -185,11 +187,6 @@ def heldout_evaluation(
         reward_funcs(script.rewards),
         dict(zip(script.rewards, weights, strict=True)),
     )
-
-
-def heldout_weights(script: AgentScriptArguments, config: AgentGRPOConfig) -> list[float]:
-    """The weights of the held-out evaluation's weighted reward: ``heldout_reward_weights``, else the training's."""
-    return list(script.heldout_reward_weights or config.reward_weights or [1.0] * len(script.rewards))
 
 
 def finish_heldout(evaluations: list[CheckpointResult], out_dir: Path, weights: dict[str, float]) -> None:

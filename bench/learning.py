@@ -119,8 +119,7 @@ def main() -> None:
     from aitlrt.evaluation.heldout import prepare_rows
     from aitlrt.evaluation.scoring import reward_funcs, summarise
     from aitlrt.tasks.split import split_heldout
-    from aitlrt.train import heldout_weights
-    from aitlrt.training.config import AgentGRPOConfig, AgentScriptArguments
+    from aitlrt.training.config import AgentGRPOConfig, AgentScriptArguments, heldout_weights
     from aitlrt.training.dataset import load_task_rows
 
     cli = argparse.ArgumentParser(description=__doc__.partition("\n\n")[0])

@@ -57,8 +57,7 @@ def config_defaults(path: str) -> dict[str, Any]:
     names (the run's reward weights as ``--rewards NAME=WEIGHT``)."""
     from trl import ModelConfig, TrlParser
 
-    from aitlrt.train import heldout_weights
-    from aitlrt.training.config import AgentGRPOConfig, AgentScriptArguments
+    from aitlrt.training.config import AgentGRPOConfig, AgentScriptArguments, heldout_weights
 
     parser = TrlParser((AgentScriptArguments, AgentGRPOConfig, ModelConfig))  # type: ignore[arg-type]
     try:

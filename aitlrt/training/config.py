@@ -378,3 +378,8 @@ class AgentScriptArguments:
                 f"warm_start_share {self.warm_start_share} splits the tasks for warm_start 'oracle'; "
                 f"with warm_start {self.warm_start!r} set it to 1"
             )
+
+
+def heldout_weights(script: AgentScriptArguments, config: AgentGRPOConfig) -> list[float]:
+    """The weights of the held-out evaluation's weighted reward: ``heldout_reward_weights``, else the training's."""
+    return list(script.heldout_reward_weights or config.reward_weights or [1.0] * len(script.rewards))

@@ -296,8 +296,7 @@ def test_run_tasks_give_each_sources_tasks_to_its_own_part_only(monkeypatch):
 
 
 def test_the_heldout_evaluation_has_its_own_reward_weights():
-    from aitlrt.train import heldout_weights
-    from aitlrt.training.config import AgentGRPOConfig, AgentScriptArguments
+    from aitlrt.training.config import AgentGRPOConfig, AgentScriptArguments, heldout_weights
 
     script = AgentScriptArguments(rewards=["tests_pass", "patch_similarity"], heldout_reward_weights=[1.0, 0.0])
     config = AgentGRPOConfig(output_dir="/tmp/x", reward_weights=[1.0, 0.5])
