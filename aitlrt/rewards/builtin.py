@@ -182,6 +182,21 @@ def tests_pass_fraction(prompts=None, completions=None, completion_ids=None, **k
     return [g.fraction for g in grade_rollouts(kwargs)]
 
 
+def breaks_no_test(g: Grade) -> bool:
+    """The patch was graded and every PASS_TO_PASS test still passes (true of a task that has none)."""
+    return g.status in ("resolved", "unresolved") and g.p2p_passed == g.p2p_total
+
+
+def unbroken_patch_similarity(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:
+    """``patch_similarity``, paid only when no PASS_TO_PASS test broke (0 otherwise): an edit in the right place
+    that breaks other code earns nothing for being in the right place."""
+    grades = grade_rollouts(kwargs)
+    return [s if breaks_no_test(g) else 0.0 for s, g in zip(patch_similarity(**kwargs), grades, strict=True)]
+
+
+GRADED: tuple[Callable[..., list[float]], ...] = (tests_pass, tests_pass_fraction, unbroken_patch_similarity)
+"""The reward functions that run the tests (the trainer grades each rollout as soon as it ends when one is used)."""
 REWARDS: dict[str, Callable[..., list[float]]] = {
-    f.__name__: f for f in (patch_similarity, tests_pass, tests_pass_fraction, non_empty_patch)
+    f.__name__: f
+    for f in (patch_similarity, tests_pass, tests_pass_fraction, non_empty_patch, unbroken_patch_similarity)
 }

@@ -63,7 +63,7 @@ from trl.trainer.utils import nanmax, nanmin, pad, use_adapter
 
 from aitlrt.common.lm_head import scored_positions_only
 from aitlrt.common.shared_prefix import prefix_batches, shared_prefix_forward, use_shared_prefix
-from aitlrt.rewards.builtin import EarlyGrader, tests_pass, tests_pass_fraction
+from aitlrt.rewards.builtin import GRADED, EarlyGrader
 from aitlrt.rewards.inputs import reward_row
 from aitlrt.rollout.agents import AgentTask, make_agent
 from aitlrt.rollout.runner import RolloutOutcome, RolloutRequest, RolloutRunner, infrastructure_failure
@@ -290,7 +290,7 @@ class AgentGRPOTrainer(GRPOTrainer):
     def _start_background(self) -> None:
         """The background helpers: the early grader (when a reward runs the tests) and the rollouts run ahead
         (``max_staleness`` 1); threads start on first use."""
-        graded = any(f in (tests_pass, tests_pass_fraction) for f in self.reward_funcs)
+        graded = any(f in GRADED for f in self.reward_funcs)
         self._early_grader = EarlyGrader() if graded else None
         self._ahead = RolloutsAhead() if self.args.max_staleness else None
 
