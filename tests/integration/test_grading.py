@@ -76,6 +76,8 @@ def test_webargs_tasks_gold_empty_and_breaking_patches(webargs):
     assert scores["patch_similarity"][:4] == [1.0] * 4 and scores["patch_similarity"][4:8] == [0.0] * 4
     assert all(0.0 < s < 1.0 for s in scores["patch_similarity"][8:])  # right file, plus an extra wrong one
     assert scores["non_empty_patch"] == [1.0] * 4 + [0.0] * 4 + [1.0] * 4
+    # similarity is paid where no PASS_TO_PASS test broke: the fixes keep theirs, the breaking edits lose it
+    assert scores["unbroken_patch_similarity"] == scores["patch_similarity"][:8] + [0.0] * 4
     grades = grade_rollouts(cols)
     for g, task in zip(grades[8:], tasks, strict=True):  # the fix works, but another test breaks
         assert g.status == "unresolved" and g.f2p_passed == g.f2p_total == len(task.fail_to_pass)

@@ -36,3 +36,32 @@ def test_concurrency_reads_the_job_affinity_and_divides_among_local_ranks():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     slots, per_rank = map(int, out.stdout.split())
     assert per_rank == max(1, slots // 2)
+
+
+def test_cpu_bf16_follows_the_cpu_unless_set_and_warns_when_emulated(monkeypatch, caplog):
+    from aitlrt.common import resources
+    from aitlrt.training.config import AgentGRPOConfig
+    from aitlrt.warmstart.sft import WarmStartSFTConfig
+
+    for native in (True, False):
+        monkeypatch.setattr(resources, "cpu_bf16_is_native", lambda native=native: native)
+        caplog.clear()
+        assert resources.cpu_mixed_precision(None, "x") is native
+        assert resources.cpu_mixed_precision(False, "x") is False
+        assert resources.cpu_mixed_precision(True, "x") is True  # the user's choice stands...
+        assert ("~3x slower than fp32" in caplog.text) is not native  # ...with a warning where bf16 is emulated
+        grpo = AgentGRPOConfig(output_dir="/tmp/x", proxy_url="http://x", report_to=[])
+        sft = WarmStartSFTConfig(output_dir="/tmp/x", report_to=[])
+        assert grpo.bf16 is native and sft.bf16 is native  # trl's default (unset) follows the CPU
+
+
+def test_vllm_cpu_serves_fp32_where_bf16_is_emulated_unless_told(monkeypatch):
+    from aitlrt_server import upstream
+
+    monkeypatch.setattr(upstream, "cpu_build", lambda: True)
+    for native, expected in ((False, ["--dtype", "float32"]), (True, [])):
+        monkeypatch.setattr(upstream, "cpu_bf16_is_native", lambda native=native: native)
+        cmd = upstream.VLLMServer("m", port=1).command()
+        assert cmd[cmd.index("--no-enable-chunked-prefill") + 1 :] == expected
+        told = upstream.VLLMServer("m", port=1, extra_args=["--dtype=bfloat16"]).command()
+        assert told[-1] == "--dtype=bfloat16" and "float32" not in told
