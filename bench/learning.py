@@ -6,10 +6,11 @@ both, and at least one file held out whole). The recipe's warm start (oracle tea
 ``warm_start_share`` of the training tasks and its ``warm_start_from`` sources' tasks, cached, shared by the seeds:
 its data and fine-tuning are deterministic) is made once; then for each seed a GRPO
 run (``aitlrt/train.py`` on the training tasks only, from the warm start, vLLM seeded) and one evaluation server
-that scores, on the held-out tasks and with the run's agent and sampling, the base model, the warm start and the
-warm start + GRPO (weights reloaded into the same server). Per checkpoint: the edit rate (the agent's edit left a
-non-empty patch), the mean patch similarity to the oracle, the resolve rate (FAIL_TO_PASS and PASS_TO_PASS pass)
-and the mean weighted reward of the run's reward functions.
+that scores, on the held-out tasks and with the run's agent and sampling, the warm start and the warm start + GRPO
+(weights reloaded into the same server; paired by seed), and in the first seed the base model too (no paired gain
+uses it: scored once, its row counts for every seed in the means). Per checkpoint: the edit rate (the agent's edit
+left a non-empty patch), the mean patch similarity to the oracle, the resolve rate (FAIL_TO_PASS and PASS_TO_PASS
+pass) and the mean weighted reward of the run's reward functions.
 
 Everything stays under the folder printed at the start (task splits, warm start, per seed the GRPO checkpoint,
 its metrics and the held-out rollouts), so the checkpoints can be evaluated elsewhere with ``aitlrt eval``.
@@ -159,7 +160,7 @@ def main() -> None:
         updates[seed] = grpo(seed, rl_tasks, warm, run / "grpo", script.serve_args)
         print(f"[bench] seed {seed}: GRPO done in {time.monotonic() - t0:.0f} s", flush=True)
         evaluated = evaluate(
-            [base, str(warm), str(run / "grpo")],
+            [base, str(warm), str(run / "grpo")] if seed == SEEDS[0] else [str(warm), str(run / "grpo")],
             prepared,
             config.rollout_settings(HELDOUT_ROLLOUTS, seed=seed),  # the three checkpoints' rollouts pair up
             funcs,
@@ -169,12 +170,13 @@ def main() -> None:
             top_p=config.top_p,
             serve_args=[*shlex.split(script.serve_args), "--seed", str(seed)],
         )
-        for label, result in zip(LABELS, evaluated, strict=True):
+        for label, result in zip(LABELS[-len(evaluated) :], evaluated, strict=True):
             result.label = label
             result.summary = summarise(result.batch, result.rewards, weights)
         write_results(evaluated, run / "heldout", weights=weights)
-        results[seed] = [r.summary for r in evaluated]
-        results[seed][2].update(paired_gain(evaluated[1], evaluated[2], weights))
+        base_summary = evaluated[0].summary if seed == SEEDS[0] else results[SEEDS[0]][0]
+        results[seed] = [base_summary, evaluated[-2].summary, evaluated[-1].summary]
+        results[seed][2].update(paired_gain(evaluated[-2], evaluated[-1], weights))
         print(f"[bench] seed {seed}: held-out evaluation in {run / 'heldout'}", flush=True)
     report(results, updates, out, (time.monotonic() - started) / 60)
 
@@ -299,6 +301,8 @@ def report(
     print("\n" + header + f"{'updates':>9}{'skipped':>9}")
     for seed, summaries in results.items():
         for label, summary in zip(LABELS, summaries, strict=True):
+            if label == LABELS[0] and seed != SEEDS[0]:
+                continue  # scored once, in the first seed
             extra = f"{updates[seed][0]:>9}{updates[seed][1]:>9}" if label == LABELS[2] else ""
             print(f"{seed:<6}{label:<20}" + "".join(f"{summary[key]:>9.3f}" for _, key in COLUMNS) + extra)
     for i, label in enumerate(LABELS):
