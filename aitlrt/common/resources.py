@@ -1,4 +1,5 @@
-"""What this node gives the job (cores it may run on, memory it may use), and the agent concurrency that follows.
+"""What this node gives the job (cores it may run on, memory it may use, whether its CPU computes bf16), and the
+agent concurrency that follows.
 
 SLURM and containers restrict a job with CPU affinity and cgroups, not by hiding the machine: ``os.cpu_count()``
 and ``/proc/meminfo`` describe the whole node, so both are read from the job's own limits instead.
@@ -6,8 +7,11 @@ and ``/proc/meminfo`` describe the whole node, so both are read from the job's o
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 AGENT_GIB = 1.0
 """Memory one running agent needs: an Aider worker (~270 MB) plus the test runs that grade its patch."""
@@ -57,13 +61,11 @@ def cpu_bf16_is_native() -> bool:
 def cpu_mixed_precision(bf16: bool | None, where: str) -> bool:
     """``bf16`` for a run on the CPU: unset, bf16 autocast where the CPU has it natively (``cpu_bf16_is_native``),
     fp32 elsewhere; set, kept, with a warning when bf16 is asked for on a CPU that only emulates it."""
-    import logging
-
     native = cpu_bf16_is_native()
     if bf16 is None:
         return native
     if bf16 and not native:
-        logging.getLogger(__name__).warning(
+        log.warning(
             "%s: bf16 autocast on a CPU without native bf16 (no AMX, no AVX512-BF16) runs ~3x slower than fp32 here; "
             "leave bf16 unset to choose by the CPU",
             where,
