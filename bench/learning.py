@@ -251,7 +251,7 @@ def validate(
         warm_label = f"warm start (share {known.warm_start_share:g})"
         checkpoints.setdefault(warm_label, str(warm))
         run = out / f"variant-{hashlib.sha1(variant.encode()).hexdigest()[:8]}"
-        if (run / "config.json").exists():
+        if (run / "config.json").exists() or (run / "adapter_config.json").exists():  # a --use_peft run: an adapter
             print(f"[bench] variant {variant!r}: kept from {run}", flush=True)
         else:
             t0 = time.monotonic()

@@ -20,6 +20,8 @@ BUNDLED_MODEL = "SmolLM2-135M-Instruct"
 BUNDLED_ALIASES = {"bundled", "smollm2", BUNDLED_MODEL}
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DONE_MARKER = ".aitlrt-prepared"
+MERGED_ADAPTER_DIR = "merged"
+"""Where ``merged_adapter`` writes an adapter folder's full model, inside that folder."""
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +73,44 @@ def prepare_bundled_model(out: Path | None = None, force: bool = False) -> Path:
 
 
 def resolve_model(name_or_path: str) -> str:
-    """Map the bundled-model aliases to the prepared folder (preparing it if needed); pass others through."""
+    """Map the bundled-model aliases to the prepared folder (preparing it if needed) and a LoRA adapter folder to its
+    merged model (``merged_adapter``); pass others through."""
     if name_or_path in BUNDLED_ALIASES:
         return str(prepare_bundled_model())
+    if is_adapter_folder(Path(name_or_path)):
+        return str(merged_adapter(Path(name_or_path)))
     return name_or_path
+
+
+def is_adapter_folder(path: Path) -> bool:
+    """A PEFT adapter without a model of its own: what ``save_model`` writes for a ``--use_peft`` run."""
+    return (path / "adapter_config.json").is_file() and not (path / "config.json").is_file()
+
+
+def merged_adapter(adapter: Path) -> Path:
+    """The full model of a LoRA adapter folder (its base model, itself resolved, with the adapter merged, plus the
+    adapter's tokenizer or else the base's) in ``adapter/merged``: a folder vLLM serves and ``--model_name_or_path``
+    starts from. Merged and saved in float32: a delta below a 16-bit weight's spacing would round away (a short LoRA
+    run's often is). Made once, and again when a file of the adapter is newer than the merge."""
+    out = adapter / MERGED_ADAPTER_DIR
+    newest = max(f.stat().st_mtime for f in adapter.iterdir() if f.is_file())
+    if (out / _DONE_MARKER).is_file() and (out / _DONE_MARKER).stat().st_mtime >= newest:
+        return out
+    import torch
+    from peft import PeftConfig, PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    start = time.monotonic()
+    base = resolve_model(str(PeftConfig.from_pretrained(str(adapter)).base_model_name_or_path))
+    log.info("merging the LoRA adapter %s into its base model %s", adapter, base)
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), adapter)
+    tokenizer = AutoTokenizer.from_pretrained(adapter if (adapter / "tokenizer_config.json").is_file() else base)
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.merge_and_unload().save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / _DONE_MARKER).write_text(f"{base} + {adapter}\n")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    log.info("merged model ready in %.1fs: %s", time.monotonic() - start, out)
+    return out

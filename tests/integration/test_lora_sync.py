@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
@@ -84,3 +86,41 @@ def test_a_lora_trainer_syncs_merged_weights_into_the_server(served, tokenizer, 
     # ... and scores like the LoRA model: within vLLM's bf16-vs-fp32 noise (~0.04 nats/token mean here), well
     # below how far the policy moved.
     assert gap < 0.1 and gap < moved / 2, (gap, moved)
+
+
+def test_an_adapter_folder_resolves_to_its_merged_model(model_dir, tmp_path):
+    """What a ``--use_peft`` run saves (an adapter, no model) is served and evaluated as the merged model, made once
+    in float32 and made again when the adapter changes."""
+    import os
+
+    from aitlrt.common.model import resolve_model
+
+    probe = torch.tensor([[1, 2, 3, 4, 5]])
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        without_adapter = base(probe).logits
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    for name, param in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.02)
+    adapter = tmp_path / "adapter"
+    model.save_pretrained(adapter)
+    with torch.no_grad():
+        with_adapter = model(probe).logits
+
+    merged = Path(resolve_model(str(adapter)))
+    assert merged == adapter / "merged" and (merged / "tokenizer_config.json").is_file()
+    plain = AutoModelForCausalLM.from_pretrained(merged)
+    assert plain.dtype == torch.float32
+    with torch.no_grad():
+        assert torch.allclose(plain(probe).logits, with_adapter, atol=1e-3)
+        assert not torch.allclose(without_adapter, with_adapter, atol=1e-3)  # the adapter does change the output
+
+    made = (merged / ".aitlrt-prepared").stat().st_mtime_ns
+    assert resolve_model(str(adapter)) == str(merged)
+    assert (merged / ".aitlrt-prepared").stat().st_mtime_ns == made  # reused
+    weights = adapter / "adapter_model.safetensors"
+    os.utime(weights, (weights.stat().st_atime + 60, weights.stat().st_mtime + 60))
+    assert resolve_model(str(adapter)) == str(merged)
+    assert (merged / ".aitlrt-prepared").stat().st_mtime_ns > made  # the adapter is newer: merged again
+    assert resolve_model(str(model_dir)) == str(model_dir)  # a full model passes through
