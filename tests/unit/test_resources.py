@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
-from aitlrt.common.resources import agent_slots
+import pytest
+
+from aitlrt.common.resources import agent_slots, cpu_bf16_is_native
 
 
 def test_agent_slots_are_bounded_by_cores_and_memory():
@@ -65,3 +68,13 @@ def test_vllm_cpu_serves_fp32_where_bf16_is_emulated_unless_told(monkeypatch):
         assert cmd[cmd.index("--no-enable-chunked-prefill") + 1 :] == expected
         told = upstream.VLLMServer("m", port=1, extra_args=["--dtype=bfloat16"]).command()
         assert told[-1] == "--dtype=bfloat16" and "float32" not in told
+
+
+@pytest.mark.skipif(not Path("/proc/cpuinfo").is_file(), reason="reads Linux's /proc/cpuinfo")
+def test_cpu_bf16_native_agrees_with_the_kernels_cpu_flags():
+    """torch's private probes (which a later torch may rename) against the flags Linux reports for this CPU."""
+    flags = set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            flags.update(line.partition(":")[2].split())
+    assert cpu_bf16_is_native() == bool(flags & {"amx_tile", "avx512_bf16"})
