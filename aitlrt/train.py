@@ -94,9 +94,9 @@ def run(
         raise SystemExit(f"aitlrt train: unknown rewards {unknown} (known: {', '.join(REWARDS)})")
     assert config.output_dir is not None  # TrainingArguments.__post_init__ sets its default
     out_dir = Path(config.output_dir)
-    model_path = resolve_model(model_args.model_name_or_path or "bundled")
     state = PartialState()
-    with state.main_process_first():
+    with state.main_process_first():  # the main process prepares (bundled) or merges (an adapter) the model once
+        model_path = resolve_model(model_args.model_name_or_path or "bundled")
         try:
             tasks = run_tasks(script)
         except (TaskLoadError, ValueError) as exc:
