@@ -13,6 +13,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 from aitlrt.common.paths import models_dir
 
@@ -61,13 +62,7 @@ def prepare_bundled_model(out: Path | None = None, force: bool = False) -> Path:
     del model.hf_quantizer  # as HfQuantizer.remove_quantization_config: save_pretrained then writes plain weights
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / _DONE_MARKER).write_text(f"from {gguf}\n")
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    _save_folder(model, tokenizer, out, f"from {gguf}")
     log.info("model ready in %.1fs: %s", time.monotonic() - start, out)
     return out
 
@@ -105,12 +100,18 @@ def merged_adapter(adapter: Path) -> Path:
     log.info("merging the LoRA adapter %s into its base model %s", adapter, base)
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), adapter)
     tokenizer = AutoTokenizer.from_pretrained(adapter if (adapter / "tokenizer_config.json").is_file() else base)
-    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.merge_and_unload().save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / _DONE_MARKER).write_text(f"{base} + {adapter}\n")
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    _save_folder(model.merge_and_unload(), tokenizer, out, f"{base} + {adapter}")
     log.info("merged model ready in %.1fs: %s", time.monotonic() - start, out)
     return out
+
+
+def _save_folder(model: Any, tokenizer: Any, out: Path, note: str) -> None:
+    """Write ``model`` and ``tokenizer`` to ``out`` with the done marker (holding ``note``), through a temp folder
+    renamed at the end: a reader never sees half a folder, and an interrupted write leaves no marker."""
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / _DONE_MARKER).write_text(note + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
