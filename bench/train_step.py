@@ -157,7 +157,13 @@ def compare(model, tok, rows: list[Row], tmp: str) -> dict[str, float]:
     agent = AgentGRPOTrainer(
         model=model,
         reward_funcs=zero,
-        args=AgentGRPOConfig(output_dir=f"{tmp}/a", proxy_url="http://unused", **common),
+        args=AgentGRPOConfig(
+            output_dir=f"{tmp}/a",
+            proxy_url="http://unused",
+            max_tokens_per_forward=None,  # one pass over all rows, as trl's own update (the budget: memory_report)
+            weight_probe=False,  # the GPU's word-level tokenizer makes the probe text one token
+            **common,
+        ),
         train_dataset=data,
         processing_class=tok,
         agent=object(),
@@ -371,6 +377,7 @@ def replay_steps(lora: bool, steps: int = 3) -> dict[str, float]:
             args=AgentGRPOConfig(
                 output_dir=tmp,
                 proxy_url="http://replay",
+                weight_probe=False,
                 weight_sync="none",
                 per_device_train_batch_size=ROWS,
                 num_generations=4,
