@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 
+from aitlrt_server.upstream import SMALL_MACHINE_CPUS
 from tests.conftest import chat, trace
 
 
@@ -261,3 +264,11 @@ def test_journal_holds_every_call(served):
     lines = [json.loads(x) for x in (served.run_dir / "calls.jsonl").read_text().splitlines()]
     (rec,) = [x for x in lines if x.get("rollout_id") == "journal-1"]
     assert rec == trace(served.url, "journal-1")[0]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) > SMALL_MACHINE_CPUS, reason="vLLM binds its own CPUs here")
+def test_vllm_cpu_computes_on_every_cpu_of_a_small_machine(served):
+    """vLLM's own report of the CPUs its OpenMP threads run on (its ``auto`` would leave one to the API server)."""
+    bound = re.search(r"core ids=\[([\d, ]+)\]", served.vllm_log.read_text())
+    assert bound, "vLLM logged no CPU binding"
+    assert [int(c) for c in bound.group(1).split(",")] == sorted(os.sched_getaffinity(0))

@@ -70,6 +70,16 @@ def test_vllm_cpu_serves_fp32_where_bf16_is_emulated_unless_told(monkeypatch):
         assert told[-1] == "--dtype=bfloat16" and "float32" not in told
 
 
+def test_vllm_cpu_computes_on_every_cpu_of_a_small_machine_unless_told(monkeypatch):
+    from aitlrt_server import upstream
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2, 5})
+    assert upstream.cpu_thread_binding({}) == {"VLLM_CPU_OMP_THREADS_BIND": "2,5"}  # vLLM's auto would keep one
+    assert upstream.cpu_thread_binding({"VLLM_CPU_OMP_THREADS_BIND": "auto"}) == {}  # the user's choice stands
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert upstream.cpu_thread_binding({}) == {}  # a larger machine: vLLM's own binding
+
+
 @pytest.mark.skipif(not Path("/proc/cpuinfo").is_file(), reason="reads Linux's /proc/cpuinfo")
 def test_cpu_bf16_native_agrees_with_the_kernels_cpu_flags():
     """torch's private probes (which a later torch may rename) against the flags Linux reports for this CPU."""
