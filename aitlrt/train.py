@@ -35,7 +35,9 @@ log = logging.getLogger("aitlrt.train")
 
 def main(argv: list[str] | None = None) -> AgentGRPOTrainer:
     from aitlrt.common.logs import setup_logging
+    from aitlrt.common.procs import exit_on_sigterm
 
+    exit_on_sigterm()  # scancel, kill: stop the agents and aitlrt-serve + vLLM on the way out
     setup_logging()  # before trl is imported
     from trl import ModelConfig, TrlParser, get_peft_config
 

@@ -9,19 +9,20 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
-import sys
 import threading
 from pathlib import Path
 
 import uvicorn
 
 from aitlrt.common.logs import setup_logging
+from aitlrt.common.procs import exit_on_sigterm
 from aitlrt_server.app import create_app
 from aitlrt_server.settings import ServeSettings
 from aitlrt_server.upstream import VLLMServer
 
 log = logging.getLogger("aitlrt_server.cli")  # not __name__, which is "__main__" under `python -m`
+SHUTDOWN_GRACE_S = 5
+"""Seconds that calls in flight get to finish once aitlrt-serve is told to stop."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="[aitlrt-serve] %(levelname)s %(message)s")  # other libraries
     setup_logging(prefix="[aitlrt-serve]")  # ours, INFO as "[aitlrt-serve] message"
     # SIGTERM while vLLM starts must still run the `finally` that stops it (uvicorn installs its own later).
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    exit_on_sigterm()
     run_dir = None if args.no_journal else args.run_dir
     server = None
     if (args.no_token_ids or args.upstream_api_key_env) and not args.upstream:
@@ -151,6 +152,9 @@ def main(argv: list[str] | None = None) -> None:
             access_log=False,
             timeout_keep_alive=75,
             backlog=2048,
+            # SIGTERM: calls in flight get SHUTDOWN_GRACE_S to finish, then vLLM is stopped (uvicorn would wait for
+            # every open connection, and an agent whose trainer is gone may never close its own)
+            timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
         )
     finally:
         if server is not None:

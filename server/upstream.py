@@ -9,7 +9,6 @@ whole must go, and nothing runs in a SIGKILLed aitlrt-serve to do it.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib.metadata
 import os
 import select
@@ -17,10 +16,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-from aitlrt.common.procs import free_port, tail, wait_http
+from aitlrt.common.procs import die_with_parent, free_port, tail, wait_http
 from aitlrt.common.resources import cpu_bf16_is_native
 
 
@@ -180,16 +178,6 @@ class VLLMServer:
 GUARD_GRACE_S = 5.0  # from SIGTERM to SIGKILL of vLLM's group once aitlrt-serve is gone
 
 
-def _parent_death_signal(sig: int) -> Callable[[], object] | None:
-    """A ``preexec_fn`` that makes the child get ``sig`` when its parent (thread) dies: Linux's
-    ``prctl(PR_SET_PDEATHSIG)``; elsewhere None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork
-    pr_set_pdeathsig = 1
-    return lambda: prctl(pr_set_pdeathsig, sig, 0, 0, 0)
-
-
 def _guard(argv: list[str]) -> int:
     """``python -m aitlrt_server.upstream FD CMD...``: run CMD (vLLM) in this process group, the guard's own session,
     until it exits, and end the group when aitlrt-serve ends.
@@ -203,7 +191,7 @@ def _guard(argv: list[str]) -> int:
     """
     lifeline, cmd = int(argv[0]), argv[1:]
     # preexec_fn is safe here: this process runs no other thread
-    child = subprocess.Popen(cmd, preexec_fn=_parent_death_signal(signal.SIGTERM))
+    child = subprocess.Popen(cmd, preexec_fn=die_with_parent(signal.SIGTERM))
     for sig in (signal.SIGTERM, signal.SIGINT):  # after the start: vLLM must not inherit the ignoring
         signal.signal(sig, signal.SIG_IGN)
     group = os.getpgrp()

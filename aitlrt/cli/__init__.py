@@ -4,14 +4,15 @@ prints the results."""
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from pathlib import Path
+
+from aitlrt.common.procs import exit_on_sigterm
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the `finally`s that stop child servers
+    exit_on_sigterm()  # run the `finally`s that stop child servers and agents
     if argv[:1] == ["train"]:
         from aitlrt.train import main as train_main
 

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import httpx
 
+from aitlrt.common.procs import kill_sessions
 from aitlrt.common.workspace import WorkspacePool, patch_of, reclaim_stale
 from aitlrt.rollout.agents.base import Agent, AgentExit, AgentTask, ModelEndpoint
 
@@ -180,7 +181,14 @@ class RolloutRunner:
         queued = time.monotonic()
         with ThreadPoolExecutor(max(1, self.concurrency), thread_name_prefix="rollout") as pool:
             futures = [pool.submit(self._one, r, queued, progress, on_progress, on_outcome) for r in requests]
-            return [f.result() for f in futures]
+            try:
+                return [f.result() for f in futures]
+            except BaseException:  # SIGTERM (exit_on_sigterm) or Ctrl-C: stop the agents, do not wait them out
+                for f in futures:
+                    f.cancel()
+                if stopped := kill_sessions():
+                    log.warning("interrupted: stopped %d agent process(es) in flight", stopped)
+                raise
 
     def close(self) -> None:
         """Remove the idle workspaces and close the connection to the proxy."""

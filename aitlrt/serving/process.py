@@ -3,35 +3,18 @@
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from aitlrt.common.procs import free_port, wait_http
+from aitlrt.common.procs import die_with_parent, free_port, wait_http
 
 log = logging.getLogger(__name__)
-
-
-def _die_with_parent(sig: int) -> Callable[[], None] | None:
-    """A ``preexec_fn`` that makes the child get ``sig`` when this process dies, SIGKILL included: Linux's
-    ``prctl(PR_SET_PDEATHSIG)`` (it fires when the forking *thread* exits); elsewhere None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    prctl = ctypes.CDLL(None).prctl  # looked up before the fork
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(1, sig, 0, 0, 0)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the parent died before the prctl
-            os.kill(os.getpid(), sig)
-
-    return preexec
 
 
 class ServeProcess:
@@ -57,7 +40,7 @@ class ServeProcess:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=_die_with_parent(signal.SIGTERM),  # safe with threads: syscalls only, no lock
+                preexec_fn=die_with_parent(signal.SIGTERM),
             )
         return self
 

@@ -196,7 +196,10 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8001)
     args = parser.parse_args()
-    uvicorn.run(create_app(), host=args.host, port=args.port, log_level="warning", access_log=False)
+    # a slow call still sleeping (its caller gone) must not hold up the end of the test session
+    uvicorn.run(
+        create_app(), host=args.host, port=args.port, log_level="warning", access_log=False, timeout_graceful_shutdown=1
+    )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ mechanics, and one real vLLM CPU server for the real thing."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -257,3 +258,84 @@ def test_real_vllm_dies_with_a_sigkilled_aitlrt_serve(model_dir: Path, tmp_path:
         assert not any(alive(pid) for pid in vllm_pids)
     finally:
         serve.stop()
+
+
+def inflight(proxy_url: str) -> float:
+    """aitlrt-serve's count of model calls in flight (its Prometheus gauge)."""
+    text = httpx.get(f"{proxy_url}/metrics", timeout=5).text
+    return float(next(line.split()[1] for line in text.splitlines() if line.startswith("aitlrt_inflight ")))
+
+
+def test_sigterm_lets_aitlrt_serve_stop_with_calls_in_flight(scripted_upstream: str, start_proxy):
+    """A stopping proxy gives a call in flight SHUTDOWN_GRACE_S, not as long as the call would take (uvicorn's own
+    graceful shutdown waits for every connection: a trainer's SIGTERM left aitlrt-serve and its vLLM running)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from aitlrt_server.cli import SHUTDOWN_GRACE_S
+
+    proxy = start_proxy(scripted_upstream)
+    assert proxy.proc is not None
+    with ThreadPoolExecutor(1) as pool:
+        call = pool.submit(chat, proxy.url, "slow-1", "fault:slow:120")
+        eventually(lambda: inflight(proxy.url) == 1, 30, "the call never reached the proxy")
+        started = time.monotonic()
+        proxy.proc.send_signal(signal.SIGTERM)
+        proxy.proc.wait(SHUTDOWN_GRACE_S + 20)
+        took = time.monotonic() - started
+        with pytest.raises(httpx.HTTPError):  # cut, not answered
+            call.result().raise_for_status()
+    assert SHUTDOWN_GRACE_S - 1 < took < SHUTDOWN_GRACE_S + 10, took
+
+
+def children(pid: int, marker: str) -> list[int]:
+    """The live child processes of ``pid`` whose command line holds ``marker``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[1]) == pid and fields[0] != "Z" and marker in argv:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_a_run_stopped_mid_rollout_takes_its_agents_along(
+    scripted_upstream: str, start_proxy, make_repo, tmp_path: Path, cleanup: list[int], sig: int
+):
+    """``aitlrt eval`` (as training: the same runner and warm Aider workers) stopped while its agents wait on the
+    model: SIGTERM (kill, scancel) stops the agents and ends the run at once, through its ``finally`` blocks, not
+    after the rollouts' timeout; SIGKILL (the OOM killer) leaves no agent behind to call the model or edit on."""
+    from aitlrt.rollout.agents.aider import aider_venv
+
+    if not (aider_venv() / "bin" / "python").exists():
+        pytest.skip("run jobs/setup.sh first")
+    proxy = start_proxy(scripted_upstream)
+    repo = make_repo({"calc.py": "def add(a, b):\n    return a - b\n"})
+    row = {"instance_id": "slow-1", "problem_statement": "fault:slow:300", "repo_path": str(repo), "files": ["calc.py"]}
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps(row) + "\n")
+    cmd = [sys.executable, "-m", "aitlrt.cli", "eval", "--tasks", str(tasks), "--proxy", proxy.url]
+    cmd += ["--checkpoint", "served", "--agent", "aider-warm", "--n", "2", "--timeout", "600"]
+    with open(tmp_path / "eval.log", "wb") as log:
+        run = subprocess.Popen([*cmd, "--out-dir", str(tmp_path / "eval")], stdout=log, stderr=subprocess.STDOUT)
+    cleanup.append(run.pid)
+    eventually(lambda: inflight(proxy.url) == 2, 120, "the agents never called the model")
+    workers = children(run.pid, "aider_worker.py")
+    cleanup.extend(workers)  # each leads its own group
+    assert len(workers) == 2
+
+    started = time.monotonic()
+    run.send_signal(sig)
+    code = run.wait(60)
+    eventually(lambda: not any(alive(pid) for pid in workers), 10, "an Aider worker outlived its run")
+    took = time.monotonic() - started
+    log_text = (tmp_path / "eval.log").read_text()
+    if sig == signal.SIGTERM:
+        assert code == 143, log_text[-3000:]
+        assert "interrupted: stopped 2 agent process(es) in flight" in log_text
+    assert took < 15, took
+    assert httpx.get(f"{proxy.url}/health", timeout=5).status_code == 200  # --proxy: not the run's to stop

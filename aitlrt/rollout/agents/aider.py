@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aitlrt.common.paths import aitlrt_home, scratch_dir
-from aitlrt.common.procs import kill_group, run_process_group, tail
+from aitlrt.common.procs import kill_group, run_process_group, start_session, tail
 from aitlrt.common.workspace import Workspace
 from aitlrt.rollout.agents.base import AgentExit, AgentTask, ModelEndpoint
 
@@ -185,14 +185,18 @@ class _Worker:
         scratch.mkdir(parents=True, exist_ok=True)
         self.log = scratch / "worker.log"
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [str(venv / "bin" / "python"), "-u", str(Path(__file__).with_name("aider_worker.py"))],
+            self.proc = start_session(
+                [
+                    str(venv / "bin" / "python"),
+                    "-u",
+                    str(Path(__file__).with_name("aider_worker.py")),
+                    str(os.getpid()),
+                ],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log,
                 env=agent_env(scratch),
                 cwd="/",
-                start_new_session=True,
                 text=True,
                 bufsize=1,
             )

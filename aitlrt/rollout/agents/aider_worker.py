@@ -4,6 +4,9 @@ It pays Aider's start-up (importing litellm, ~3 s) once, then runs jobs one at a
 ``aider.main.main(argv)`` in-process, so a job behaves exactly like the CLI with the same arguments (down to waiting,
 as the CLI's exit does, for a chat summary Aider started in the background).
 
+Run as ``python aider_worker.py [OWNER_PID]``: when that process (the trainer) is gone, however it ended, the worker
+kills its own process group, Aider's children included, even in the middle of a job.
+
 Protocol: one JSON job per line on stdin ``{"argv", "cwd", "home", "log", "max_reflections"}``; one JSON reply
 per line on the original stdout ``{"exit_code", "seconds"}``; ``{"ready": true}`` once after the imports.
 While a job runs, file descriptors 1 and 2 point at the job's log.
@@ -11,9 +14,19 @@ While a job runs, file descriptors 1 and 2 point at the job's log.
 
 import json
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
+
+
+def _die_with_owner(owner: int) -> None:
+    """SIGKILL this process group once ``owner`` is no longer the parent: nobody is left to read the reply, and a
+    job in flight must not go on calling the model or editing a workspace."""
+    while os.getppid() == owner:
+        time.sleep(0.5)
+    os.killpg(0, signal.SIGKILL)
 
 
 def _register_metadata_once(models) -> None:
@@ -54,6 +67,8 @@ def _summaries_joined(coder_class) -> list:
 
 
 def main() -> None:
+    if len(sys.argv) > 1:
+        threading.Thread(target=_die_with_owner, args=(int(sys.argv[1]),), daemon=True).start()
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     # This file's folder holds our aider.py: it must not shadow the real package.
     here = os.path.dirname(os.path.abspath(__file__))
