@@ -194,29 +194,9 @@ def unbroken_patch_similarity(prompts=None, completions=None, completion_ids=Non
     return [s if breaks_no_test(g) else 0.0 for s, g in zip(patch_similarity(**kwargs), grades, strict=True)]
 
 
-def patch_tests_pass_fraction(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:
-    """``tests_pass_fraction``, paid only for a non-empty patch (0 otherwise): a rollout that changed nothing earns
-    nothing for the tests that passed before it, so no edit never outscores an edit that breaks a test."""
-    grades = grade_rollouts(kwargs)
-    rows = _columns(len(kwargs["agent_patch"]), kwargs)
-    return [g.fraction if (row["agent_patch"] or "").strip() else 0.0 for row, g in zip(rows, grades, strict=True)]
-
-
-GRADED: tuple[Callable[..., list[float]], ...] = (
-    tests_pass,
-    tests_pass_fraction,
-    unbroken_patch_similarity,
-    patch_tests_pass_fraction,
-)
+GRADED: tuple[Callable[..., list[float]], ...] = (tests_pass, tests_pass_fraction, unbroken_patch_similarity)
 """The reward functions that run the tests (the trainer grades each rollout as soon as it ends when one is used)."""
 REWARDS: dict[str, Callable[..., list[float]]] = {
     f.__name__: f
-    for f in (
-        patch_similarity,
-        tests_pass,
-        tests_pass_fraction,
-        non_empty_patch,
-        unbroken_patch_similarity,
-        patch_tests_pass_fraction,
-    )
+    for f in (patch_similarity, tests_pass, tests_pass_fraction, non_empty_patch, unbroken_patch_similarity)
 }

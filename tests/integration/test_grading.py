@@ -78,9 +78,6 @@ def test_webargs_tasks_gold_empty_and_breaking_patches(webargs):
     assert scores["non_empty_patch"] == [1.0] * 4 + [0.0] * 4 + [1.0] * 4
     # similarity is paid where no PASS_TO_PASS test broke: the fixes keep theirs, the breaking edits lose it
     assert scores["unbroken_patch_similarity"] == scores["patch_similarity"][:8] + [0.0] * 4
-    # the share of passing tests is paid for a patch only: no edit scores 0, below the breaking edits
-    assert scores["patch_tests_pass_fraction"] == [1.0] * 4 + [0.0] * 4 + scores["tests_pass_fraction"][8:]
-    assert all(f > 0.0 for f in scores["patch_tests_pass_fraction"][8:])
     grades = grade_rollouts(cols)
     for g, task in zip(grades[8:], tasks, strict=True):  # the fix works, but another test breaks
         assert g.status == "unresolved" and g.f2p_passed == g.f2p_total == len(task.fail_to_pass)
