@@ -81,6 +81,7 @@ def run(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from aitlrt.common.model import resolve_model
+    from aitlrt.common.procs import kill_sessions
     from aitlrt.report.html import write_run_report
     from aitlrt.report.metrics_log import MetricsLog
     from aitlrt.report.step_table import use_step_table
@@ -149,6 +150,10 @@ def run(
         started = time.monotonic()
         try:
             trainer.train(resume_from_checkpoint=resume)
+        except BaseException:  # SIGTERM, Ctrl-C, an error: rollouts running ahead are stopped, not waited out
+            if stopped := kill_sessions():
+                log.warning("stopping: %d agent process(es) still running were stopped", stopped)
+            raise
         finally:
             trainer.close()
         trainer.save_model(config.output_dir)
