@@ -152,7 +152,7 @@ def run(
             trainer.train(resume_from_checkpoint=resume)
         except BaseException:  # SIGTERM, Ctrl-C, an error: rollouts running ahead are stopped, not waited out
             if stopped := kill_sessions():
-                log.warning("stopping: %d agent process(es) still running were stopped", stopped)
+                log.warning("stopping: stopped %d agent process(es)", stopped)
             raise
         finally:
             trainer.close()

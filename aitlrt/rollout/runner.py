@@ -187,7 +187,7 @@ class RolloutRunner:
                 for f in futures:
                     f.cancel()
                 if stopped := kill_sessions():
-                    log.warning("interrupted: stopped %d agent process(es) in flight", stopped)
+                    log.warning("interrupted: stopped %d agent process(es)", stopped)
                 raise
 
     def close(self) -> None:

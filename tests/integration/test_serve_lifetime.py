@@ -336,6 +336,6 @@ def test_a_run_stopped_mid_rollout_takes_its_agents_along(
     log_text = (tmp_path / "eval.log").read_text()
     if sig == signal.SIGTERM:
         assert code == 143, log_text[-3000:]
-        assert "interrupted: stopped 2 agent process(es) in flight" in log_text
+        assert "interrupted: stopped 2 agent process(es)" in log_text
     assert took < 15, took
     assert httpx.get(f"{proxy.url}/health", timeout=5).status_code == 200  # --proxy: not the run's to stop
