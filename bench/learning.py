@@ -22,6 +22,8 @@ Choosing a recipe change is done on the training tasks only, never on the held-o
 tasks again the same way (a validation file never trained on), makes a warm start on the rest, runs one GRPO per
 ``--validate`` (each string: ``aitlrt/train.py`` arguments over the recipe's), and scores the warm start and every
 run on the validation tasks with ``VALIDATION_ROLLOUTS`` rollouts per task. It prints a table and no TARGET line.
+``--seeds 0,1`` runs each variant's GRPO with each of these seeds (default 0: one run per variant) and prints each
+variant's mean gain over its seeds: one seed's reading of 15 one-group updates can swing by ~0.15 (DIARY 2026-11-26).
 A variant given ``--save_strategy steps --save_steps N`` is scored at each of its saved steps too (gain vs updates).
 """
 
@@ -125,7 +127,9 @@ def main() -> None:
 
     cli = argparse.ArgumentParser(description=__doc__.partition("\n\n")[0])
     cli.add_argument("--validate", action="append", default=[], metavar="ARGS", help="train.py arguments to compare")
-    validating = cli.parse_args().validate
+    cli.add_argument("--seeds", default="0", help="with --validate: GRPO seeds per variant, comma-separated")
+    args = cli.parse_args()
+    validating, validation_seeds = args.validate, [int(s) for s in args.seeds.split(",")]
     setup_logging()
     started = time.monotonic()
     parser = TrlParser((AgentScriptArguments, AgentGRPOConfig, ModelConfig))  # type: ignore[arg-type]
@@ -148,7 +152,7 @@ def main() -> None:
     funcs = reward_funcs(names)
     prepared = prepare_rows(heldout)
     if validating:
-        validate(validating, out, train, base, prepared, funcs, weights, script, config)
+        validate(validating, validation_seeds, out, train, base, prepared, funcs, weights, script, config)
         return
     warm, rl_tasks = warm_and_rl(train, script.warm_start_share, out, base, script, config)
     results: dict[int, list[dict[str, float]]] = {}
@@ -223,6 +227,7 @@ def intermediate_checkpoints(run: Path) -> list[tuple[int, Path]]:
 
 def validate(
     variants: Sequence[str],
+    seeds: Sequence[int],
     out: Path,
     train: list[dict],
     base: str,
@@ -232,9 +237,9 @@ def validate(
     script: Any,
     config: Any,
 ) -> None:
-    """One GRPO run (seed 0) per variant on the split's training part, each from the warm start of its
-    ``--warm_start_share``; all scored beside their warm starts. A variant whose run is already in ``out``
-    (``AITLRT_BENCH_OUT``) is not run again."""
+    """One GRPO run per variant and seed on the split's training part, each from the warm start of its
+    ``--warm_start_share``; all scored beside their warm starts, and each variant's mean gain over its seeds. A run
+    already in ``out`` (``AITLRT_BENCH_OUT``) is not run again."""
     import argparse
     import hashlib
 
@@ -245,24 +250,28 @@ def validate(
     share_flag.add_argument("--warm_start_share", type=float, default=script.warm_start_share)
     checkpoints: dict[str, str] = {}  # label -> weights
     warm_of: dict[str, str] = {}  # variant -> its warm start's label
+    seeds_of: dict[str, list[str]] = {}  # variant -> the labels of its seeds' runs
     for variant in variants:
         known, rest = share_flag.parse_known_args(shlex.split(variant))
         warm, rl_tasks = warm_and_rl(train, known.warm_start_share, out, base, script, config)
         warm_label = f"warm start (share {known.warm_start_share:g})"
         checkpoints.setdefault(warm_label, str(warm))
-        run = out / f"variant-{hashlib.sha1(variant.encode()).hexdigest()[:8]}"
-        if (run / "config.json").exists() or (run / "adapter_config.json").exists():  # a --use_peft run: an adapter
-            print(f"[bench] variant {variant!r}: kept from {run}", flush=True)
-        else:
-            t0 = time.monotonic()
-            done = grpo(0, rl_tasks, warm, run, script.serve_args, rest)
-            print(f"[bench] variant {variant!r}: {done[0]} updates, {done[1]} skipped, "
-                  f"{time.monotonic() - t0:.0f} s", flush=True)  # fmt: skip
-        for step, saved in intermediate_checkpoints(run):
-            checkpoints[f"{variant} @ step {step}"] = str(saved)
-            warm_of[f"{variant} @ step {step}"] = warm_label
-        checkpoints[variant or "(the recipe)"] = str(run)
-        warm_of[variant or "(the recipe)"] = warm_label
+        for seed in seeds:
+            run = out / f"variant-{hashlib.sha1(variant.encode()).hexdigest()[:8]}{f'-seed{seed}' if seed else ''}"
+            label = (variant or "(the recipe)") + (f" [seed {seed}]" if len(seeds) > 1 else "")
+            if (run / "config.json").exists() or (run / "adapter_config.json").exists():  # --use_peft: an adapter
+                print(f"[bench] {label!r}: kept from {run}", flush=True)
+            else:
+                t0 = time.monotonic()
+                done = grpo(seed, rl_tasks, warm, run, script.serve_args, rest)
+                print(f"[bench] {label!r}: {done[0]} updates, {done[1]} skipped, "
+                      f"{time.monotonic() - t0:.0f} s", flush=True)  # fmt: skip
+            for step, saved in intermediate_checkpoints(run):
+                checkpoints[f"{label} @ step {step}"] = str(saved)
+                warm_of[f"{label} @ step {step}"] = warm_label
+            checkpoints[label] = str(run)
+            warm_of[label] = warm_label
+            seeds_of.setdefault(variant or "(the recipe)", []).append(label)
     evaluated = evaluate(
         list(checkpoints.values()),
         prepared,
@@ -282,13 +291,21 @@ def validate(
     write_results(evaluated, folder, weights=weights)
     header = f"\n{'checkpoint':<52}" + "".join(f"{name:>9}" for name, _ in COLUMNS)
     print(header + f"{'gain':>9}{'+/-2se':>9}{'same':>9}")
+    pairs = {}
     for label, summary in summaries.items():
         gain = ""
         if label in warm_of:
-            pair = paired_gain(by_label[warm_of[label]], by_label[label], weights)
+            pair = pairs[label] = paired_gain(by_label[warm_of[label]], by_label[label], weights)
             gain = f"{pair['gain']:>+9.3f}{2 * pair['gain_se']:>9.3f}{pair['same_patch']:>9.2f}"
-        short = label if len(label) <= 51 else f"{label[:24]}...{label[-24:]}"  # keeps a saved step's "@ step N"
+        short = label if len(label) <= 51 else f"{label[:24]}...{label[-24:]}"  # keeps "@ step N", "[seed N]"
         print(f"{short:<52}" + "".join(f"{summary[key]:>9.3f}" for _, key in COLUMNS) + gain)
+    if len(seeds) > 1:
+        for variant, labels in seeds_of.items():
+            gains = [pairs[label]["gain"] for label in labels]
+            noise = 2 * math.sqrt(sum(pairs[label]["gain_se"] ** 2 for label in labels)) / len(labels)
+            spread = max(gains) - min(gains)
+            print(f"{variant!r} over seeds {seeds}: mean gain {statistics.fmean(gains):+.3f} (+/-{noise:.3f} 2se of "
+                  f"the evaluation; seeds {min(gains):+.3f} to {max(gains):+.3f}, spread {spread:.3f})")  # fmt: skip
     print(f"validation: {len(prepared)} tasks x {VALIDATION_ROLLOUTS} rollouts, paired by seed with the warm start's "
           "(same: the share that left the same patch); a gain inside +/-2se (two standard errors of the paired "
           f"difference) is not told apart from none; rollouts and report in {folder}")  # fmt: skip
