@@ -153,6 +153,15 @@ def start_proxy(tmp_path: Path) -> Iterator[Callable[..., ServeProcess]]:
         proxy.stop()
 
 
+def alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (a killed orphan may wait a while to be reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
 def chat(url: str, rollout: str, content: str, **extra) -> httpx.Response:
     body = {"model": "whatever", "messages": [{"role": "user", "content": content}], **extra}
     return httpx.post(f"{url}/rollouts/{rollout}/v1/chat/completions", json=body, timeout=300)

@@ -23,7 +23,7 @@ import pytest
 from aitlrt.common.procs import free_port
 from aitlrt.serving.process import ServeProcess
 from aitlrt_server.upstream import GUARD_GRACE_S, VLLMServer
-from tests.conftest import chat
+from tests.conftest import alive, chat
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -75,15 +75,6 @@ serve.wait_ready(60)
 print(serve.proc.pid, port, flush=True)
 time.sleep(600)
 """
-
-
-def alive(pid: int) -> bool:
-    """A process that exists and is not a zombie (a killed orphan may wait a while to be reaped)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
 
 
 def group(pgid: int) -> list[int]:

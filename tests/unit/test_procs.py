@@ -6,24 +6,16 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from aitlrt.common.procs import kill_group, kill_sessions, run_process_group, start_session
+from tests.conftest import alive
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
 # A leader that starts a grandchild (as Aider starts git) and prints its pid, then both sleep.
 LEADER = "import subprocess, sys, time; c = subprocess.Popen(['sleep', '60']); print(c.pid, flush=True); time.sleep(60)"
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
 
 
 def test_kill_sessions_stops_every_group_still_running_and_only_those():
