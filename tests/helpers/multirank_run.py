@@ -9,9 +9,9 @@ step 1's first round has no informative group, its second one only on rank 1; st
 (update skipped). Saves each rank's logged sampling metrics and whether the weights changed in each step.
 
 ``update_main``: two GRPO steps on crafted informative rollouts of 1-3 calls each under a tiny
-``max_tokens_per_forward`` (several micro-batches per chunk), plain SGD; launched plainly or under one of
-``configs/accelerate``'s DeepSpeed configs. Saves what the reload sync would send after training and the weight
-probe's logprobs.
+``max_tokens_per_forward`` (several micro-batches per chunk), plain SGD, in trl's default precision or fp32;
+launched plainly or under one of ``configs/accelerate``'s DeepSpeed configs. Saves what the reload sync would
+send after training and the weight probe's logprobs.
 
 ``micro_batch_main``: one chunk of crafted rows (rank 0: 2 short rows, rank 1: 9 rows; one rank: all of them)
 under a tiny ``max_tokens_per_forward``; saves the loss, the rank-averaged gradients (as DDP's) and the number of
@@ -208,7 +208,7 @@ def dynamic_main(repo: str, out: str) -> None:
     torch.save({"changed": changed, "logs": logs, "grad_norms": norms}, Path(out) / f"dynamic{rank}.pt")
 
 
-def update_main(repo: str, out: str, accumulation: str, lora: str) -> None:
+def update_main(repo: str, out: str, accumulation: str, lora: str, precision: str = "default") -> None:
     from peft import LoraConfig
 
     from aitlrt.rollout.runner import RolloutOutcome
@@ -230,6 +230,7 @@ def update_main(repo: str, out: str, accumulation: str, lora: str) -> None:
         learning_rate=1.0,
         loss_type="grpo",
         vllm_importance_sampling_correction=False,
+        **({"bf16": False} if precision == "fp32" else {}),  # else trl's default: bf16 where the GPU has it
     )
     trainer._connect = lambda: None  # type: ignore[method-assign]
     trainer.weight_version = 0
@@ -316,6 +317,6 @@ if __name__ == "__main__":
     elif sys.argv[1] == "--dynamic":
         dynamic_main(*sys.argv[2:4])
     elif sys.argv[1] == "--update":
-        update_main(*sys.argv[2:6])
+        update_main(*sys.argv[2:7])
     else:
         main(*sys.argv[1:4])

@@ -25,14 +25,17 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def launch(config: str | None, *args: str) -> None:
-    """The helper on two ranks: under ``configs/accelerate/CONFIG.yaml``, or plain torchrun (DDP) for None."""
-    if config is None:
-        runner = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())]
+def launch(config: str | None, *args: str, ranks: int = 2) -> None:
+    """The helper on ``ranks`` ranks: under ``configs/accelerate/CONFIG.yaml`` (accelerate's ``--mixed_precision
+    no``: the precision is the trainer's), or plain torchrun (DDP) for None; one plain rank is a plain process."""
+    if config is None and ranks == 1:
+        runner = []
+    elif config is None:
+        runner = ["-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_port", str(free_port())]
     else:
         runner = [
             *("-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs" / "accelerate" / config)),
-            *("--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(free_port())),
+            *("--num_processes", str(ranks), "--mixed_precision", "no", "--main_process_port", str(free_port())),
         ]
     done = subprocess.run(
         [sys.executable, *runner, str(HELPER), *args], capture_output=True, text=True, timeout=400, cwd=ROOT
@@ -73,3 +76,44 @@ def test_a_skipped_update_under_zero2_changes_nothing_and_logs_no_gradient(make_
         assert saved["changed"] == [True, False]
         trained, skipped = saved["grad_norms"]
         assert trained > 0 and skipped == 0.0  # DeepSpeed's engine would report the trained step's norm again
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (DeepSpeed's CUDA accelerator, NCCL)")
+@pytest.mark.parametrize("lora", ["full", "lora"])
+def test_zero_on_one_gpu_matches_a_plain_gpu_run(make_repo, tmp_path, lora):
+    """The configs as a one-GPU user launches them. In fp32, ZeRO-2/3 on CUDA send the weights a plain process on the
+    same GPU sends. In trl's default precision (``bf16`` on such a GPU) DeepSpeed holds the weights in bf16 (fp32
+    master copies in the optimizer) where a plain run autocasts fp32 weights: the sent weights agree to bf16's
+    precision."""
+    repo = str(make_repo({"README": "tiny\n"}))
+    runs = {"plain-fp32": (None, "fp32"), "zero3-fp32": ("zero3.yaml", "fp32")}
+    if lora == "full":
+        runs |= {
+            "zero2-fp32": ("zero2.yaml", "fp32"),
+            "plain-bf16": (None, "default"),
+            "zero3-bf16": ("zero3.yaml", "default"),
+        }
+    saved = {}
+    for name, (config, precision) in runs.items():
+        launch(config, "--update", repo, str(tmp_path / name), "2", lora, precision, ranks=1)
+        saved[name] = torch.load(tmp_path / name / "update0.pt")
+    initial = tiny_llama(2048, 256).state_dict()
+    plain = saved["plain-fp32"]
+    moved = max((plain["sent"][k] - v).abs().max().item() for k, v in initial.items() if k in plain["sent"])
+    assert moved > 5e-3, "the two updates changed the weights (LoRA: ~0.01, full: ~0.1), far beyond the tolerance"
+    for name, run in saved.items():
+        if name.startswith("plain"):
+            assert not run["deepspeed"], name
+            continue
+        bf16 = name.endswith("bf16")
+        reference = saved["plain-bf16" if bf16 else "plain-fp32"]
+        assert run["deepspeed"] and run["zero3"] == name.startswith("zero3"), name
+        assert run["sent"].keys() == reference["sent"].keys(), name
+        for key, tensor in reference["sent"].items():
+            sent = run["sent"][key]
+            assert sent.dtype == (torch.bfloat16 if bf16 else torch.float32), f"{name}: {key} {sent.dtype}"
+            tolerance = {"rtol": 1e-2, "atol": 2e-3} if bf16 else {"rtol": 0, "atol": 1e-5}
+            gap = (sent.float() - tensor.float()).abs().max().item()
+            torch.testing.assert_close(sent.float(), tensor.float(), **tolerance, msg=f"{name}: {key}: {gap:.2e}")
+        assert run["grad_norms"] == pytest.approx(reference["grad_norms"], rel=1e-2 if bf16 else 1e-4), name
+        assert run["probe"] == pytest.approx(reference["probe"], abs=1e-2 if bf16 else 1e-5), name
