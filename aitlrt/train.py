@@ -46,7 +46,12 @@ def main(argv: list[str] | None = None) -> AgentGRPOTrainer:
     # trl annotates the dataclass types as NewType("DataClassType", Any), which no class is
     parser = TrlParser((AgentScriptArguments, AgentGRPOConfig, ModelConfig))  # type: ignore[arg-type]
     script, config, model_args = parser.parse_args_and_config(argv)
-    return run(script, config, model_args, get_peft_config(model_args))
+    trainer = run(script, config, model_args, get_peft_config(model_args))
+    # Every rank leaves the process group, as torch asks: a gloo rank that exits without it can abort in the
+    # interpreter's teardown (SIGABRT, "terminate called without an active exception": pytorch#190489) and fail
+    # the job after training succeeded. Only on success: after an error the other ranks may be in a collective.
+    trainer.accelerator.end_training()
+    return trainer
 
 
 def resume_checkpoint(value: str | bool | None, output_dir: str | Path) -> str | None:

@@ -320,3 +320,5 @@ if __name__ == "__main__":
         update_main(*sys.argv[2:7])
     else:
         main(*sys.argv[1:4])
+    if torch.distributed.is_initialized():  # else gloo can abort the exiting rank (pytorch#190489)
+        torch.distributed.destroy_process_group()
