@@ -1,6 +1,7 @@
 """A managed ``aitlrt-serve`` dies with the process that started it (a SIGKILLed trainer), and its vLLM dies with it:
 a SIGKILLed proxy (the OOM killer, a scheduler) takes vLLM's whole process group along, engine cores included (they
 do not watch their parent); ``--upstream`` leaves a vLLM it did not start alone, and a new proxy re-attaches to it.
+A run stopped mid-rollout (one process, or two training ranks under torchrun) takes its agents along.
 
 Stand-in vLLMs (a script as ``VLLMServer``'s python, with a grandchild like vLLM's EngineCore) for the
 mechanics, and one real vLLM CPU server for the real thing."""
@@ -330,3 +331,54 @@ def test_a_run_stopped_mid_rollout_takes_its_agents_along(
         assert "interrupted: stopped 2 agent process(es)" in log_text
     assert took < 15, took
     assert httpx.get(f"{proxy.url}/health", timeout=5).status_code == 200  # --proxy: not the run's to stop
+
+
+def test_sigterm_stops_a_two_rank_training_run_and_its_agents(
+    scripted_upstream: str, start_proxy, make_repo, tmp_path: Path, cleanup: list[int]
+):
+    """``kill`` (or a scheduler) stopping a two-rank training run (torchrun, CPU/gloo, as ``accelerate launch``
+    runs it) while the agents of both ranks wait on the model: the launcher passes SIGTERM to each rank, each stops
+    its own agents through its ``finally`` and the run ends within seconds, not after the rollouts' timeout, with
+    no Aider worker left to call the model or edit on."""
+    import psutil
+
+    from aitlrt.rollout.agents.aider import aider_venv
+
+    if not (aider_venv() / "bin" / "python").exists():
+        pytest.skip("run jobs/setup.sh first")
+    proxy = start_proxy(
+        scripted_upstream, "--temperature", "1.0", "--top-p", "1.0", "--top-k", "-1", "--max-tokens", "512"
+    )
+    # the trainer's sampling (trl's defaults), which it checks against the proxy's before it rolls out
+    repo = make_repo({"calc.py": "def add(a, b):\n    return a - b\n"})
+    slow = {"problem_statement": "fault:slow:300", "repo_path": str(repo), "files": ["calc.py"]}
+    rows = [{"instance_id": f"slow-{k}", **slow} for k in range(2)]
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    root = Path(__file__).resolve().parents[2]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())]
+    cmd += [str(root / "aitlrt" / "train.py"), "--model_name_or_path", "bundled", "--tasks", str(tasks)]
+    cmd += ["--serve", proxy.url, "--output_dir", str(tmp_path / "run"), "--max_steps", "2", "--save_strategy", "no"]
+    cmd += ["--per_device_train_batch_size", "2", "--num_generations", "4", "--weight_probe", "false"]
+    cmd += ["--report_to", "none", "--rollout_timeout_s", "600", "--rollout_concurrency", "2"]
+    with open(tmp_path / "train.log", "wb") as log:
+        run = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=root)
+    cleanup.append(run.pid)
+    log_path = tmp_path / "train.log"
+    eventually(lambda: inflight(proxy.url) == 4 or run.poll() is not None, 300, "the agents never called the model")
+    assert run.poll() is None, log_path.read_text()[-5000:]
+    ranks = [p for p in psutil.Process(run.pid).children() if "train.py" in " ".join(p.cmdline())]
+    workers = [p.pid for rank in ranks for p in rank.children() if "aider_worker.py" in " ".join(p.cmdline())]
+    cleanup.extend(workers)  # each leads its own group
+    assert len(ranks) == 2 and len(workers) == 4, (ranks, workers)
+
+    started = time.monotonic()
+    run.send_signal(signal.SIGTERM)
+    code = run.wait(120)
+    eventually(lambda: not any(alive(pid) for pid in workers), 10, "an Aider worker outlived its run")
+    took = time.monotonic() - started
+    log_text = log_path.read_text()
+    assert code != 0, log_text[-3000:]
+    assert log_text.count("interrupted: stopped 2 agent process(es)") == 2, log_text[-5000:]  # one per rank
+    assert took < 15, took
+    assert not any(alive(rank.pid) for rank in ranks)
