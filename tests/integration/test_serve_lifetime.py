@@ -346,10 +346,8 @@ def test_sigterm_stops_a_two_rank_training_run_and_its_agents(
 
     if not (aider_venv() / "bin" / "python").exists():
         pytest.skip("run jobs/setup.sh first")
-    proxy = start_proxy(
-        scripted_upstream, "--temperature", "1.0", "--top-p", "1.0", "--top-k", "-1", "--max-tokens", "512"
-    )
-    # the trainer's sampling (trl's defaults), which it checks against the proxy's before it rolls out
+    sampling = ["--temperature", "1.0", "--top-p", "1.0", "--top-k", "-1", "--max-tokens", "512"]  # trl's defaults
+    proxy = start_proxy(scripted_upstream, *sampling)  # the trainer checks them before it rolls out
     repo = make_repo({"calc.py": "def add(a, b):\n    return a - b\n"})
     slow = {"problem_statement": "fault:slow:300", "repo_path": str(repo), "files": ["calc.py"]}
     rows = [{"instance_id": f"slow-{k}", **slow} for k in range(2)]
@@ -361,10 +359,10 @@ def test_sigterm_stops_a_two_rank_training_run_and_its_agents(
     cmd += ["--serve", proxy.url, "--output_dir", str(tmp_path / "run"), "--max_steps", "2", "--save_strategy", "no"]
     cmd += ["--per_device_train_batch_size", "2", "--num_generations", "4", "--weight_probe", "false"]
     cmd += ["--report_to", "none", "--rollout_timeout_s", "600", "--rollout_concurrency", "2"]
-    with open(tmp_path / "train.log", "wb") as log:
+    log_path = tmp_path / "train.log"
+    with open(log_path, "wb") as log:
         run = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=root)
     cleanup.append(run.pid)
-    log_path = tmp_path / "train.log"
     eventually(lambda: inflight(proxy.url) == 4 or run.poll() is not None, 300, "the agents never called the model")
     assert run.poll() is None, log_path.read_text()[-5000:]
     ranks = [p for p in psutil.Process(run.pid).children() if "train.py" in " ".join(p.cmdline())]
