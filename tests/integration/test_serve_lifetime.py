@@ -340,8 +340,6 @@ def test_sigterm_stops_a_two_rank_training_run_and_its_agents(
     runs it) while the agents of both ranks wait on the model: the launcher passes SIGTERM to each rank, each stops
     its own agents through its ``finally`` and the run ends within seconds, not after the rollouts' timeout, with
     no Aider worker left to call the model or edit on."""
-    import psutil
-
     from aitlrt.rollout.agents.aider import aider_venv
 
     if not (aider_venv() / "bin" / "python").exists():
@@ -365,8 +363,8 @@ def test_sigterm_stops_a_two_rank_training_run_and_its_agents(
     cleanup.append(run.pid)
     eventually(lambda: inflight(proxy.url) == 4 or run.poll() is not None, 300, "the agents never called the model")
     assert run.poll() is None, log_path.read_text()[-5000:]
-    ranks = [p for p in psutil.Process(run.pid).children() if "train.py" in " ".join(p.cmdline())]
-    workers = [p.pid for rank in ranks for p in rank.children() if "aider_worker.py" in " ".join(p.cmdline())]
+    ranks = children(run.pid, "train.py")
+    workers = [pid for rank in ranks for pid in children(rank, "aider_worker.py")]
     cleanup.extend(workers)  # each leads its own group
     assert len(ranks) == 2 and len(workers) == 4, (ranks, workers)
 
@@ -379,4 +377,4 @@ def test_sigterm_stops_a_two_rank_training_run_and_its_agents(
     assert code != 0, log_text[-3000:]
     assert log_text.count("interrupted: stopped 2 agent process(es)") == 2, log_text[-5000:]  # one per rank
     assert took < 15, took
-    assert not any(alive(rank.pid) for rank in ranks)
+    assert not any(alive(rank) for rank in ranks)
