@@ -194,9 +194,29 @@ def unbroken_patch_similarity(prompts=None, completions=None, completion_ids=Non
     return [s if breaks_no_test(g) else 0.0 for s, g in zip(patch_similarity(**kwargs), grades, strict=True)]
 
 
-GRADED: tuple[Callable[..., list[float]], ...] = (tests_pass, tests_pass_fraction, unbroken_patch_similarity)
+def edit_tests_pass_fraction(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:
+    """``tests_pass_fraction`` of an edit (``non_empty_patch``), 0 without one: keeping the tests green pays only an
+    agent that changed the code, so no edit scores below any edit and an edit that breaks tests below one that
+    does not (plain ``tests_pass_fraction`` pays a no-op for the tests it leaves passing)."""
+    edited = non_empty_patch(**kwargs)
+    return [g.fraction * e for g, e in zip(grade_rollouts(kwargs), edited, strict=True)]
+
+
+GRADED: tuple[Callable[..., list[float]], ...] = (
+    tests_pass,
+    tests_pass_fraction,
+    unbroken_patch_similarity,
+    edit_tests_pass_fraction,
+)
 """The reward functions that run the tests (the trainer grades each rollout as soon as it ends when one is used)."""
 REWARDS: dict[str, Callable[..., list[float]]] = {
     f.__name__: f
-    for f in (patch_similarity, tests_pass, tests_pass_fraction, non_empty_patch, unbroken_patch_similarity)
+    for f in (
+        patch_similarity,
+        tests_pass,
+        tests_pass_fraction,
+        non_empty_patch,
+        unbroken_patch_similarity,
+        edit_tests_pass_fraction,
+    )
 }

@@ -78,6 +78,9 @@ def test_webargs_tasks_gold_empty_and_breaking_patches(webargs):
     assert scores["non_empty_patch"] == [1.0] * 4 + [0.0] * 4 + [1.0] * 4
     # similarity is paid where no PASS_TO_PASS test broke: the fixes keep theirs, the breaking edits lose it
     assert scores["unbroken_patch_similarity"] == scores["patch_similarity"][:8] + [0.0] * 4
+    # keeping tests green pays only an edit: the no-ops score 0, below the breaking edits, below the fixes
+    assert scores["edit_tests_pass_fraction"] == [1.0] * 4 + [0.0] * 4 + scores["tests_pass_fraction"][8:]
+    assert all(0.0 < f < 1.0 for f in scores["edit_tests_pass_fraction"][8:])
     grades = grade_rollouts(cols)
     for g, task in zip(grades[8:], tasks, strict=True):  # the fix works, but another test breaks
         assert g.status == "unresolved" and g.f2p_passed == g.f2p_total == len(task.fail_to_pass)
