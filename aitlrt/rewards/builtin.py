@@ -120,7 +120,7 @@ _grades_lock = threading.Lock()
 
 
 def grade_cached(task: Task, patch: str, timeout: float = GRADE_TIMEOUT_S) -> Grade:
-    """``grade`` memoised per (task, patch), so tests_pass and tests_pass_fraction run the tests once; a caller
+    """``grade`` memoised per (task, patch), so the rewards that grade (``GRADED``) run the tests once; a caller
     that finds the same grade already running (``EarlyGrader``) waits for it instead of running it again."""
     key = (task.instance_id, hashlib.sha256(patch.encode()).hexdigest())
     with _grades_lock:
@@ -158,8 +158,8 @@ def grade_rollouts(kwargs: dict[str, Any], workers: int | None = None) -> list[G
 
 
 class EarlyGrader:
-    """Grades each rollout in the background as soon as it ends, while the other agents still run, so that
-    ``tests_pass`` and ``tests_pass_fraction`` find its grade done (or running) when the batch is scored. A failure
+    """Grades each rollout in the background as soon as it ends, while the other agents still run, so that the
+    rewards that grade (``GRADED``) find its grade done (or running) when the batch is scored. A failure
     here is not kept: the reward call grades again and reports it."""
 
     def __init__(self, workers: int | None = None) -> None:
@@ -199,7 +199,7 @@ def edit_tests_pass_fraction(prompts=None, completions=None, completion_ids=None
     agent that changed the code, so no edit scores below any edit and an edit that breaks tests below one that
     does not (plain ``tests_pass_fraction`` pays a no-op for the tests it leaves passing)."""
     edited = non_empty_patch(**kwargs)
-    return [g.fraction * e for g, e in zip(grade_rollouts(kwargs), edited, strict=True)]
+    return [g.fraction if e else 0.0 for g, e in zip(grade_rollouts(kwargs), edited, strict=True)]
 
 
 GRADED: tuple[Callable[..., list[float]], ...] = (
