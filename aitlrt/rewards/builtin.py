@@ -15,6 +15,7 @@ it leaves its group's baseline; here (evaluation, ``aitlrt rollout --rewards``) 
 from __future__ import annotations
 
 import hashlib
+import logging
 import multiprocessing
 import os
 import subprocess
@@ -30,9 +31,13 @@ from aitlrt.tasks.grading import Grade, grade
 from aitlrt.tasks.patches import similarity
 from aitlrt.tasks.task import Task, TaskError, task_from_row
 
+log = logging.getLogger(__name__)
+
 FAILED_ROLLOUT = ("timeout", "agent_error", "crashed")
 SIMILARITY_TIMEOUT_S = 60.0
 GRADE_TIMEOUT_S = 600.0
+APPLY_TIMEOUT_S = 60.0
+"""``applies``' limit on ``git apply --check``: past it the patch counts as not applying (the step goes on)."""
 
 
 def _columns(n: int, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
@@ -101,8 +106,15 @@ def applies(task: Task, patch: str) -> bool:
         env = {**os.environ, "GIT_INDEX_FILE": os.path.join(tmp, "index")}
         git("read-tree", base, cwd=repo, env=env)
         text = patch if patch.endswith("\n") else patch + "\n"
-        cmd = ["git", "apply", "--cached", "--check", "-"]
-        return subprocess.run(cmd, cwd=repo, env=env, input=text, capture_output=True, text=True).returncode == 0
+        try:
+            git("apply", "--cached", "--check", "-", cwd=repo, env=env, input=text, timeout=APPLY_TIMEOUT_S)
+        except RuntimeError:  # git's own "does not apply"
+            return False
+        except subprocess.TimeoutExpired:
+            log.warning("%s: `git apply --check` took over %.0f s: the patch counts as not applying",
+                        task.instance_id, APPLY_TIMEOUT_S)  # fmt: skip
+            return False
+    return True
 
 
 def non_empty_patch(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:

@@ -100,6 +100,15 @@ def test_failed_rollouts_and_bad_patches_score_zero_with_a_reason(webargs):
     assert grades[1].status == "patch_failed" and "does not apply" in grades[1].reason
 
 
+def test_a_hung_apply_check_counts_as_not_applying(webargs, monkeypatch, caplog):
+    task = webargs[0][0]
+    assert builtin.applies(task, task.patch)
+    monkeypatch.setattr(builtin, "APPLY_TIMEOUT_S", 1e-6)  # git cannot even start within it
+    with caplog.at_level("WARNING", logger=builtin.__name__):
+        assert not builtin.applies(task, task.patch)
+    assert "counts as not applying" in caplog.text and task.instance_id in caplog.text
+
+
 def test_swebench_task_from_an_sdist_marshmallow_1343(data_dir):
     (task,) = load_tasks(
         data_dir / "swebench_lite" / "dev.jsonl",
