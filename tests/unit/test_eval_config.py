@@ -15,7 +15,7 @@ RECIPE = str(Path(__file__).resolve().parents[2] / "configs" / "cpu_demo.yaml")
 def test_a_training_config_sets_evals_defaults():
     args = parse(["eval", "--tasks", "t.jsonl", "--config", RECIPE])
     assert (args.agent, args.edit_format, args.aider_reminder) == ("aider-warm", "diff", "none")
-    assert (args.max_calls, args.context_window, args.timeout, args.concurrency) == (2, 6144, 300, 4)
+    assert (args.max_calls, args.context_window, args.timeout, args.concurrency) == (1, 6144, 300, 4)
     assert (args.max_tokens, args.temperature, args.top_p, args.top_k) == (256, 0.7, 0.95, -1)
     assert args.serve_args == "--enforce-eager --max-model-len 6144"
     assert args.rewards == (
