@@ -103,7 +103,7 @@ def applies(task: Task, patch: str) -> bool:
     """Whether ``patch`` applies to the task's starting commit (checked on a scratch index, no checkout)."""
     repo, base = task.checkout()
     with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, "GIT_INDEX_FILE": os.path.join(tmp, "index")}
+        env = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}  # git() adds it over os.environ and GIT_ENV
         git("read-tree", base, cwd=repo, env=env)
         text = patch if patch.endswith("\n") else patch + "\n"
         try:

@@ -6,6 +6,7 @@ SWE-bench's install spec); later runs reuse them from ``$AITLRT_HOME/envs``.
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -103,7 +104,8 @@ def test_failed_rollouts_and_bad_patches_score_zero_with_a_reason(webargs):
 def test_a_hung_apply_check_counts_as_not_applying(webargs, monkeypatch, caplog):
     task = webargs[0][0]
     assert builtin.applies(task, task.patch)
-    monkeypatch.setattr(builtin, "APPLY_TIMEOUT_S", 1e-6)  # git cannot even start within it
+    monkeypatch.setattr(builtin, "APPLY_TIMEOUT_S", 1e-6)  # git is killed before it can answer
+    monkeypatch.setattr(logging.getLogger("aitlrt"), "propagate", True)  # setup_logging() may have turned it off
     with caplog.at_level("WARNING", logger=builtin.__name__):
         assert not builtin.applies(task, task.patch)
     assert "counts as not applying" in caplog.text and task.instance_id in caplog.text
