@@ -1,4 +1,4 @@
-"""README's main command (`aitlrt demo`, what `jobs/demo.sh` runs after setup) works end to end."""
+"""The proxy demo (`aitlrt demo`, docs/setup.md) works end to end: it serves, records one call and cleans up."""
 
 from __future__ import annotations
 
