@@ -157,6 +157,7 @@ def main() -> None:
     warm, rl_tasks = warm_and_rl(train, script.warm_start_share, out, base, script, config)
     results: dict[int, list[dict[str, float]]] = {}
     updates: dict[int, tuple[int, int, int]] = {}
+    by_file: dict[int, dict[str, tuple[float, float, int]]] = {}
     for seed in SEEDS:
         run = out / f"seed{seed}"
         run.mkdir(parents=True, exist_ok=True)
@@ -181,8 +182,9 @@ def main() -> None:
         base_summary = evaluated[0].summary if seed == SEEDS[0] else results[SEEDS[0]][0]
         results[seed] = [base_summary, evaluated[-2].summary, evaluated[-1].summary]
         results[seed][2].update(paired_gain(evaluated[-2], evaluated[-1], weights))
+        by_file[seed] = gains_by_file(evaluated[-2], evaluated[-1], weights)
         print(f"[bench] seed {seed}: held-out evaluation in {run / 'heldout'}", flush=True)
-    report(results, updates, out, (time.monotonic() - started) / 60)
+    report(results, updates, out, (time.monotonic() - started) / 60, by_file, task_files(rl_tasks))
 
 
 def paired_gain(before: Any, after: Any, weights: dict[str, float]) -> dict[str, float]:
@@ -193,6 +195,26 @@ def paired_gain(before: Any, after: Any, weights: dict[str, float]) -> dict[str,
     if pair is None:
         raise SystemExit("[bench] the evaluations did not pair up (seeds or tasks differ)")
     return {"gain": pair.gain, "gain_se": pair.se, "same_patch": pair.same_patch}
+
+
+def task_files(tasks: Path) -> set[str]:
+    """The files the tasks of a task file mutate (a task's first ``files`` entry)."""
+    return {json.loads(line)["files"][0] for line in tasks.read_text().splitlines() if line.strip()}
+
+
+def gains_by_file(before: Any, after: Any, weights: dict[str, float]) -> dict[str, tuple[float, float, int]]:
+    """The paired gain of ``after`` over ``before`` on each held-out file's tasks: (gain, its se, rollouts). Where
+    GRPO's gain lands: on files it trained on (other functions) or on files it never saw."""
+    from aitlrt.evaluation.scoring import paired_difference, weighted_rewards
+
+    old, new = weighted_rewards(before.rewards, weights), weighted_rewards(after.rewards, weights)
+    rows: dict[str, list[int]] = {}
+    for i, task in enumerate(before.batch.tasks):
+        rows.setdefault(task.files[0] if task.files else "?", []).append(i)
+    return {
+        file: (*paired_difference([old[i] for i in idx], [new[i] for i in idx]), len(idx))
+        for file, idx in sorted(rows.items())
+    }
 
 
 def warm_and_rl(train: list[dict], share: float, out: Path, base: str, script: Any, config: Any) -> tuple[Path, Path]:
@@ -312,7 +334,12 @@ def validate(
 
 
 def report(
-    results: dict[int, list[dict[str, float]]], updates: dict[int, tuple[int, int, int]], out: Path, minutes: float
+    results: dict[int, list[dict[str, float]]],
+    updates: dict[int, tuple[int, int, int]],
+    out: Path,
+    minutes: float,
+    by_file: dict[int, dict[str, tuple[float, float, int]]],
+    trained: set[str],
 ) -> None:
     header = f"{'seed':<6}{'checkpoint':<20}" + "".join(f"{name:>9}" for name, _ in COLUMNS)
     print("\n" + header + f"{'updates':>9}{'skipped':>9}")
@@ -331,6 +358,10 @@ def report(
     pairs = [results[s][2] for s in results]
     per_seed = ", ".join(f"{p['gain']:+.3f} (se {p['gain_se']:.3f}, same patch {p['same_patch']:.0%})" for p in pairs)
     print(f"\nper-seed held-out reward gain of GRPO over the warm start, paired by seed: {per_seed}")
+    for file in sorted({f for gains in by_file.values() for f in gains}):
+        seen = "GRPO trained on other functions of it" if file in trained else "GRPO never trained on it"
+        cells = ", ".join(f"{by_file[s][file][0]:+.3f} (se {by_file[s][file][1]:.3f})" for s in by_file)
+        print(f"  {file} ({by_file[SEEDS[0]][file][2]} rollouts per seed; {seen}): {cells}")
     noise = 2 * math.sqrt(sum(results[s][2]["gain_se"] ** 2 for s in results)) / len(results)
     print(f"a mean gain within +/-{noise:.3f} (two standard errors of the mean paired difference) is not told "
           "apart from none")  # fmt: skip
