@@ -10,7 +10,8 @@ that scores, on the held-out tasks and with the run's agent and sampling, the wa
 (weights reloaded into the same server; paired by seed), and in the first seed the base model too (no paired gain
 uses it: scored once, its row counts for every seed in the means). Per checkpoint: the edit rate (the agent's edit
 left a non-empty patch), the mean patch similarity to the oracle, the resolve rate (FAIL_TO_PASS and PASS_TO_PASS
-pass) and the mean weighted reward of the run's reward functions.
+pass) and the mean weighted reward of the run's reward functions; GRPO's paired gain is also given per held-out file,
+marked as trained on (other functions of it) or never seen.
 
 Everything stays under the folder printed at the start (task splits, warm start, per seed the GRPO checkpoint,
 its metrics and the held-out rollouts), so the checkpoints can be evaluated elsewhere with ``aitlrt eval``.
