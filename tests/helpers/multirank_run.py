@@ -113,6 +113,8 @@ def tiny_trainer(
         rollout_concurrency=2,
         max_completion_length=None,  # as the scripted upstream's proxies: no --max-tokens
         weight_probe=False,  # the scripted upstream is no model to probe
+        bf16=False,  # fp32 on every CPU: the tests compare losses and gradients to 1e-4 (bf16 autocast is the CPU's
+        # choice where bf16 is native, AVX512-BF16 or AMX: there split and whole rows differed by up to 1e-3)
     )
     return (trainer or AgentGRPOTrainer)(
         model=model,
