@@ -23,8 +23,11 @@ Choosing a recipe change is done on the training tasks only, never on the held-o
 tasks again the same way (a validation file never trained on), makes a warm start on the rest, runs one GRPO per
 ``--validate`` (each string: ``aitlrt/train.py`` arguments over the recipe's), and scores the warm start and every
 run on the validation tasks with ``VALIDATION_ROLLOUTS`` rollouts per task. It prints a table and no TARGET line.
-``--seeds 0,1`` runs each variant's GRPO with each of these seeds (default 0: one run per variant) and prints each
-variant's mean gain over its seeds: one seed's reading of 15 one-group updates can swing by ~0.15 (DIARY 2026-11-26).
+``--validate_from pypi:NAME==VERSION ...`` adds those packages' generated tasks to the validation tasks (packages
+neither the warm start nor GRPO trains on: code of another kind, as the held-out ``keys.py`` is to the recipe's
+training files), and the gains are printed per package as well. ``--seeds 0,1`` runs each variant's GRPO with each
+of these seeds (default 0: one run per variant) and prints each variant's mean gain over its seeds: one seed's
+reading of 15 one-group updates can swing by ~0.15 (DIARY 2026-11-26).
 A variant given ``--save_strategy steps --save_steps N`` is scored at each of its saved steps too (gain vs updates).
 """
 
@@ -129,6 +132,9 @@ def main() -> None:
     cli = argparse.ArgumentParser(description=__doc__.partition("\n\n")[0])
     cli.add_argument("--validate", action="append", default=[], metavar="ARGS", help="train.py arguments to compare")
     cli.add_argument("--seeds", default="0", help="with --validate: GRPO seeds per variant, comma-separated")
+    cli.add_argument("--validate_from", nargs="+", default=[], metavar="SOURCE",
+                     help="with --validate: also validate on these sources' generated tasks (packages nothing trains "
+                     "on: code of another kind than the recipe's)")  # fmt: skip
     args = cli.parse_args()
     validating, validation_seeds = args.validate, [int(s) for s in args.seeds.split(",")]
     setup_logging()
@@ -144,6 +150,7 @@ def main() -> None:
     train, heldout = split_heldout(rows, script.heldout_share, script.heldout_files, script.heldout_seed)
     if validating:  # the held-out tasks are set aside unseen; the training tasks are split again
         train, heldout = split_heldout(train, script.heldout_share, (), script.heldout_seed)
+        heldout += other_kind_rows(args.validate_from, script)
     write_rows(out / "tasks" / "train.jsonl", train)
     write_rows(out / "tasks" / "heldout.jsonl", heldout)
     print(f"[bench] {len(train)} training tasks, {len(heldout)} held-out tasks", flush=True)
@@ -188,6 +195,18 @@ def main() -> None:
     report(results, updates, out, (time.monotonic() - started) / 60, by_file, task_files(rl_tasks))
 
 
+def other_kind_rows(sources: Sequence[str], script: Any) -> list[dict]:
+    """``--validate_from``'s tasks (``grpo_from_tasks`` per source): code that neither the warm start nor GRPO sees,
+    of another kind than the recipe's files, as the held-out ``keys.py`` is."""
+    from aitlrt.training.dataset import source_rows
+
+    trained = set(script.grpo_from) | set(script.warm_start_from)
+    if clash := sorted(set(sources) & trained):
+        raise SystemExit(f"[bench] --validate_from {' '.join(clash)}: the recipe trains on it (grpo_from or "
+                         "warm_start_from); name a source it does not")  # fmt: skip
+    return source_rows(list(sources), script.grpo_from_tasks, script.generate_max_file_lines)
+
+
 def paired_gain(before: Any, after: Any, weights: dict[str, float]) -> dict[str, float]:
     """``gain``, ``gain_se`` and ``same_patch`` of ``after`` over ``before``, paired by seed (task and sample)."""
     from aitlrt.evaluation.checkpoints import paired_gain as paired
@@ -203,15 +222,19 @@ def task_files(tasks: Path) -> set[str]:
     return {json.loads(line)["files"][0] for line in tasks.read_text().splitlines() if line.strip()}
 
 
-def gains_by_file(before: Any, after: Any, weights: dict[str, float]) -> dict[str, tuple[float, float, int]]:
-    """The paired gain of ``after`` over ``before`` on each held-out file's tasks: (gain, its se, rollouts). Where
-    GRPO's gain lands: on files it trained on (other functions) or on files it never saw."""
+def gains_by_file(
+    before: Any, after: Any, weights: dict[str, float], by: str = "file"
+) -> dict[str, tuple[float, float, int]]:
+    """The paired gain of ``after`` over ``before`` on each held-out file's tasks (``by="repo"``: each package's):
+    (gain, its se, rollouts). Where GRPO's gain lands: on files it trained on (other functions) or on files it never
+    saw."""
     from aitlrt.evaluation.scoring import paired_difference, weighted_rewards
 
     old, new = weighted_rewards(before.rewards, weights), weighted_rewards(after.rewards, weights)
     rows: dict[str, list[int]] = {}
     for i, task in enumerate(before.batch.tasks):
-        rows.setdefault(task.files[0] if task.files else "?", []).append(i)
+        key = task.repo if by == "repo" else task.files[0] if task.files else "?"
+        rows.setdefault(key, []).append(i)
     return {
         file: (*paired_difference([old[i] for i in idx], [new[i] for i in idx]), len(idx))
         for file, idx in sorted(rows.items())
@@ -322,6 +345,10 @@ def validate(
             gain = f"{pair['gain']:>+9.3f}{2 * pair['gain_se']:>9.3f}{pair['same_patch']:>9.2f}"
         short = label if len(label) <= 51 else f"{label[:24]}...{label[-24:]}"  # keeps "@ step N", "[seed N]"
         print(f"{short:<52}" + "".join(f"{summary[key]:>9.3f}" for _, key in COLUMNS) + gain)
+    by_repo = {label: gains_by_file(by_label[w], by_label[label], weights, by="repo") for label, w in warm_of.items()}
+    for label, repos in by_repo.items():
+        print(f"{label}: gain (se, rollouts) by package: " + ", ".join(
+            f"{repo} {gain:+.3f} ({se:.3f}, {n})" for repo, (gain, se, n) in repos.items()))  # fmt: skip
     if len(seeds) > 1:
         for variant, labels in seeds_of.items():
             gains = [pairs[label]["gain"] for label in labels]
@@ -329,6 +356,10 @@ def validate(
             spread = max(gains) - min(gains)
             print(f"{variant!r} over seeds {seeds}: mean gain {statistics.fmean(gains):+.3f} (+/-{noise:.3f} 2se of "
                   f"the evaluation; seeds {min(gains):+.3f} to {max(gains):+.3f}, spread {spread:.3f})")  # fmt: skip
+            for repo in by_repo[labels[0]]:
+                repo_gains = [by_repo[label][repo][0] for label in labels]
+                print(f"    {repo}: mean gain {statistics.fmean(repo_gains):+.3f}, seeds "
+                      + " / ".join(f"{g:+.3f}" for g in repo_gains))  # fmt: skip
     print(f"validation: {len(prepared)} tasks x {VALIDATION_ROLLOUTS} rollouts, paired by seed with the warm start's "
           "(same: the share that left the same patch); a gain inside +/-2se (two standard errors of the paired "
           f"difference) is not told apart from none; rollouts and report in {folder}")  # fmt: skip
