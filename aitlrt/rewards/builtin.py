@@ -2,7 +2,8 @@
 
 trl calls ``f(prompts=..., completions=..., completion_ids=..., **columns)`` where every dataset column arrives as
 a list, one entry per rollout, with the rollout's results added by ``aitlrt.rewards.inputs.reward_row``
-(``task``, ``agent_patch``, ``rollout_status``, ``rollout_calls``, ``rollout_completion_tokens``). So any trl
+(``task``, ``agent_patch``, ``rollout_status``, ``rollout_calls``, ``rollout_completion_tokens``,
+``rollout_answers``). So any trl
 reward function composes with these, and these work on any task dataset with the SWE-bench columns. Grading and
 similarity run concurrently (threads driving sandboxed test processes; a process pool for the CPU-bound
 similarity) and every one is bounded by a timeout: a reward never blocks a step indefinitely. A rollout whose
@@ -18,6 +19,7 @@ import hashlib
 import logging
 import multiprocessing
 import os
+import re
 import subprocess
 import tempfile
 import threading
@@ -214,6 +216,21 @@ def edit_tests_pass_fraction(prompts=None, completions=None, completion_ids=None
     return [g.fraction if e else 0.0 for g, e in zip(grade_rollouts(kwargs), edited, strict=True)]
 
 
+_EDIT_BLOCK = re.compile(r"^<{5,9} SEARCH>?[ \t]*$.*?^={5,9}[ \t]*$.*?^>{5,9} REPLACE>?[ \t]*$", re.M | re.S)
+"""A whole SEARCH/REPLACE block of Aider's ``diff`` format: its HEAD, DIVIDER and UPDATED marker lines, in order."""
+
+
+def well_formed_edit(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:
+    """1 when the agent's last answer holds a whole SEARCH/REPLACE block (Aider's ``diff`` edit format), whether its
+    SEARCH part matched the file or not: a format term, so that answers Aider cannot parse (one that stops after
+    ``<<<<<<< SEARCH``) score below well-formed ones and a policy drifting into them is pushed back."""
+    out = []
+    for row in _columns(len(kwargs["agent_patch"]), kwargs):
+        answers = row.get("rollout_answers") or [""]
+        out.append(0.0 if _failed(row) else float(_EDIT_BLOCK.search(answers[-1] or "") is not None))
+    return out
+
+
 GRADED: tuple[Callable[..., list[float]], ...] = (
     tests_pass,
     tests_pass_fraction,
@@ -230,5 +247,6 @@ REWARDS: dict[str, Callable[..., list[float]]] = {
         non_empty_patch,
         unbroken_patch_similarity,
         edit_tests_pass_fraction,
+        well_formed_edit,
     )
 }

@@ -19,8 +19,8 @@ RewardFunc = Callable[..., Sequence[float | None]]
 
 def reward_row(row: Mapping[str, Any], task: Task, outcome: RolloutOutcome) -> dict[str, Any]:
     """``row`` (the task's columns) plus the rollout's results: ``task`` (the ``Task``, built once per instance and
-    reused), ``agent_patch`` (the final diff), ``rollout_status``, ``rollout_calls`` and
-    ``rollout_completion_tokens``."""
+    reused), ``agent_patch`` (the final diff), ``rollout_status``, ``rollout_calls``, ``rollout_completion_tokens``
+    and ``rollout_answers`` (the model's answers, one text per answered call, in order)."""
     return {
         **row,
         "task": task,
@@ -28,6 +28,7 @@ def reward_row(row: Mapping[str, Any], task: Task, outcome: RolloutOutcome) -> d
         "rollout_status": outcome.status,
         "rollout_calls": outcome.calls,
         "rollout_completion_tokens": outcome.completion_tokens,
+        "rollout_answers": [call["message"].get("content") or "" for call in outcome.trace if call.get("message")],
     }
 
 

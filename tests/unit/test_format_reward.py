@@ -1,0 +1,37 @@
+"""``well_formed_edit``: the diff format's term, read from the model's answers that ``reward_row`` carries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aitlrt.rewards.builtin import well_formed_edit
+from aitlrt.rewards.inputs import reward_row, score
+from aitlrt.rollout.runner import RolloutOutcome, Status
+from aitlrt.warmstart.oracle import edit_block
+
+
+def _outcome(status: Status, *answers: str | None) -> RolloutOutcome:
+    """A rollout whose recorded calls answered ``answers`` (None: a call the proxy refused, with no message)."""
+    trace: list[dict[str, Any]] = [
+        {"request": {}} | ({"message": {"role": "assistant", "content": a}} if a is not None else {}) for a in answers
+    ]
+    return RolloutOutcome("r", "t", status, "", "", len(answers), 0, 10, "", trace=trace)
+
+
+def test_a_whole_block_scores_1_matched_or_not_and_a_cut_or_missing_one_0():
+    block = edit_block("src/pkg/mod.py", "    return a\n", "    return b\n")
+    identity = edit_block("src/pkg/mod.py", "class A:\n", "class A:\n")
+    cases = [
+        (_outcome("ok", block), 1.0),
+        (_outcome("no_patch", identity), 1.0),  # matched, changes nothing: well-formed all the same
+        (_outcome("call_limit", block, None), 1.0),  # the refused retry leaves no answer: the last answer counts
+        (_outcome("call_limit", "src/pkg/mod.py\n```python\n<<<<<<< SEARCH\n```\n"), 0.0),  # GRPO's collapse
+        (_outcome("no_patch", "The bug is in `mod.py`: return b instead."), 0.0),
+        (_outcome("call_limit", "```\n<<<<<<< SEARCH\nx = 1\n=======\nx = 2\n```\n"), 0.0),  # no REPLACE marker
+        (_outcome("ok", "no block", block), 1.0),
+        (_outcome("crashed", block), 0.0),  # a failed rollout scores 0 everywhere
+        (_outcome("no_patch"), 0.0),  # no answered call
+    ]
+    rows = [reward_row({"instance_id": "t"}, None, o) for o, _ in cases]
+    assert rows[2]["rollout_answers"] == [block]
+    assert score({"well_formed_edit": well_formed_edit}, rows)["well_formed_edit"] == [want for _, want in cases]
