@@ -43,7 +43,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -136,6 +136,8 @@ def main() -> None:
                      help="with --validate: also validate on these sources' generated tasks (packages nothing trains "
                      "on: code of another kind than the recipe's)")  # fmt: skip
     args = cli.parse_args()
+    if args.validate_from and not args.validate:
+        cli.error("--validate_from needs --validate (it adds validation tasks; the held-out bench has its own)")
     validating, validation_seeds = args.validate, [int(s) for s in args.seeds.split(",")]
     setup_logging()
     started = time.monotonic()
@@ -223,7 +225,7 @@ def task_files(tasks: Path) -> set[str]:
 
 
 def gains_by_file(
-    before: Any, after: Any, weights: dict[str, float], by: str = "file"
+    before: Any, after: Any, weights: dict[str, float], by: Literal["file", "repo"] = "file"
 ) -> dict[str, tuple[float, float, int]]:
     """The paired gain of ``after`` over ``before`` on each held-out file's tasks (``by="repo"``: each package's):
     (gain, its se, rollouts). Where GRPO's gain lands: on files it trained on (other functions) or on files it never
