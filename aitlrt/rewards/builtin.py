@@ -216,19 +216,33 @@ def edit_tests_pass_fraction(prompts=None, completions=None, completion_ids=None
     return [g.fraction if e else 0.0 for g, e in zip(grade_rollouts(kwargs), edited, strict=True)]
 
 
-_EDIT_BLOCK = re.compile(r"^<{5,9} SEARCH>?[ \t]*$.*?^={5,9}[ \t]*$.*?^>{5,9} REPLACE>?[ \t]*$", re.M | re.S)
-"""A whole SEARCH/REPLACE block of Aider's ``diff`` format: its HEAD, DIVIDER and UPDATED marker lines, in order."""
+_EDIT_BLOCK = re.compile(r"^<{5,9} SEARCH>?[ \t]*\n(.*?)^={5,9}[ \t]*\n(.*?)^>{5,9} REPLACE>?[ \t]*$", re.M | re.S)
+"""A whole SEARCH/REPLACE block of Aider's ``diff`` format: its HEAD, DIVIDER and UPDATED marker lines, in order,
+with the SEARCH and REPLACE texts as its two groups."""
+
+
+def _last_answer_blocks(kwargs: dict[str, Any]) -> list[list[tuple[str, str]] | None]:
+    """Per rollout, the (SEARCH, REPLACE) texts of the whole blocks in the agent's last answer; None for a failed
+    rollout."""
+    out: list[list[tuple[str, str]] | None] = []
+    for row in _columns(len(kwargs["agent_patch"]), kwargs):
+        answers = row.get("rollout_answers") or [""]
+        out.append(None if _failed(row) else _EDIT_BLOCK.findall(answers[-1] or ""))
+    return out
 
 
 def well_formed_edit(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:
     """1 when the agent's last answer holds a whole SEARCH/REPLACE block (Aider's ``diff`` edit format), whether its
     SEARCH part matched the file or not: a format term, so that answers Aider cannot parse (one that stops after
     ``<<<<<<< SEARCH``) score below well-formed ones and a policy drifting into them is pushed back."""
-    out = []
-    for row in _columns(len(kwargs["agent_patch"]), kwargs):
-        answers = row.get("rollout_answers") or [""]
-        out.append(0.0 if _failed(row) else float(_EDIT_BLOCK.search(answers[-1] or "") is not None))
-    return out
+    return [float(bool(blocks)) for blocks in _last_answer_blocks(kwargs)]
+
+
+def well_formed_change(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:
+    """``well_formed_edit`` for a block that changes something: 1 when the last answer holds a whole SEARCH/REPLACE
+    block whose REPLACE text differs from its SEARCH text in more than whitespace, matched or not. An identity edit
+    (REPLACE == SEARCH, which changes nothing) scores with a cut or missing block, below an attempted change."""
+    return [float(any(s.split() != r.split() for s, r in blocks or ())) for blocks in _last_answer_blocks(kwargs)]
 
 
 GRADED: tuple[Callable[..., list[float]], ...] = (
@@ -248,5 +262,6 @@ REWARDS: dict[str, Callable[..., list[float]]] = {
         unbroken_patch_similarity,
         edit_tests_pass_fraction,
         well_formed_edit,
+        well_formed_change,
     )
 }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aitlrt.rewards.builtin import well_formed_edit
+from aitlrt.rewards.builtin import well_formed_change, well_formed_edit
 from aitlrt.rewards.inputs import reward_row, score
 from aitlrt.rollout.runner import RolloutOutcome, Status
 from aitlrt.warmstart.oracle import edit_block
@@ -35,3 +35,24 @@ def test_a_whole_block_scores_1_matched_or_not_and_a_cut_or_missing_one_0():
     rows = [reward_row({"instance_id": "t"}, None, o) for o, _ in cases]
     assert rows[2]["rollout_answers"] == [block]
     assert score({"well_formed_edit": well_formed_edit}, rows)["well_formed_edit"] == [want for _, want in cases]
+
+
+def test_a_change_scores_1_and_an_identity_edit_scores_with_a_cut_block():
+    block = edit_block("src/pkg/mod.py", "    return a\n", "    return b\n")
+    identity = edit_block("src/pkg/mod.py", "class A:\n", "class A:\n")
+    spaced = edit_block("src/pkg/mod.py", "x = 1\n", "x  =  1 \n")  # differs only in whitespace
+    empty_search = edit_block("src/pkg/new.py", "", "x = 1\n")  # Aider's way to write a new file
+    cases = [
+        (_outcome("ok", block), 1.0),
+        (_outcome("no_patch", identity), 0.0),
+        (_outcome("ok", spaced), 0.0),
+        (_outcome("ok", empty_search), 1.0),
+        (_outcome("ok", identity + block), 1.0),  # one block of two changes something
+        (_outcome("call_limit", "src/pkg/mod.py\n```python\n<<<<<<< SEARCH\n```\n"), 0.0),
+        (_outcome("crashed", block), 0.0),
+        (_outcome("ok", block, identity), 0.0),  # the last answer counts
+    ]
+    rows = [reward_row({"instance_id": "t"}, None, o) for o, _ in cases]
+    got = score({"well_formed_change": well_formed_change, "well_formed_edit": well_formed_edit}, rows)
+    assert got["well_formed_change"] == [want for _, want in cases]
+    assert got["well_formed_edit"] == [1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 1.0]
