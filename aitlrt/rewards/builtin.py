@@ -3,7 +3,7 @@
 trl calls ``f(prompts=..., completions=..., completion_ids=..., **columns)`` where every dataset column arrives as
 a list, one entry per rollout, with the rollout's results added by ``aitlrt.rewards.inputs.reward_row``
 (``task``, ``agent_patch``, ``rollout_status``, ``rollout_calls``, ``rollout_completion_tokens``,
-``rollout_answers``). So any trl
+``rollout_answers``, ``rollout_finish_reasons``). So any trl
 reward function composes with these, and these work on any task dataset with the SWE-bench columns. Grading and
 similarity run concurrently (threads driving sandboxed test processes; a process pool for the CPU-bound
 similarity) and every one is bounded by a timeout: a reward never blocks a step indefinitely. A rollout whose
@@ -245,6 +245,16 @@ def well_formed_change(prompts=None, completions=None, completion_ids=None, **kw
     return [float(any(s.split() != r.split() for s, r in blocks or ())) for blocks in _last_answer_blocks(kwargs)]
 
 
+def finished_answers(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:
+    """1 when no answer of the rollout was cut at the per-call token cap (``max_completion_length``: finish reason
+    ``length``), 0 otherwise and for a failed rollout: DAPO's overlong penalty as a term in [0, 1]. An answer cut at
+    the cap (in practice a line repeated until the cap) scores below every answer that ends, so a group of them
+    and of chat replies is informative and pushes the policy out of the loop (trl's ``mask_truncated_completions``
+    only takes them out of the loss)."""
+    rows = _columns(len(kwargs["agent_patch"]), kwargs)
+    return [float(not _failed(r) and "length" not in (r.get("rollout_finish_reasons") or ())) for r in rows]
+
+
 GRADED: tuple[Callable[..., list[float]], ...] = (
     tests_pass,
     tests_pass_fraction,
@@ -263,5 +273,6 @@ REWARDS: dict[str, Callable[..., list[float]]] = {
         edit_tests_pass_fraction,
         well_formed_edit,
         well_formed_change,
+        finished_answers,
     )
 }

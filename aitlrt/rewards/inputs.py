@@ -20,7 +20,9 @@ RewardFunc = Callable[..., Sequence[float | None]]
 def reward_row(row: Mapping[str, Any], task: Task, outcome: RolloutOutcome) -> dict[str, Any]:
     """``row`` (the task's columns) plus the rollout's results: ``task`` (the ``Task``, built once per instance and
     reused), ``agent_patch`` (the final diff), ``rollout_status``, ``rollout_calls``, ``rollout_completion_tokens``
-    and ``rollout_answers`` (the model's answers, one text per answered call, in order)."""
+    ``rollout_answers`` (the model's answers, one text per answered call, in order) and ``rollout_finish_reasons``
+    (each answer's finish reason as vLLM gave it: ``length`` when it was cut at the per-call token cap)."""
+    answered = [call for call in outcome.trace if call.get("message")]
     return {
         **row,
         "task": task,
@@ -28,7 +30,8 @@ def reward_row(row: Mapping[str, Any], task: Task, outcome: RolloutOutcome) -> d
         "rollout_status": outcome.status,
         "rollout_calls": outcome.calls,
         "rollout_completion_tokens": outcome.completion_tokens,
-        "rollout_answers": [call["message"].get("content") or "" for call in outcome.trace if call.get("message")],
+        "rollout_answers": [call["message"].get("content") or "" for call in answered],
+        "rollout_finish_reasons": [call.get("finish_reason") for call in answered],
     }
 
 

@@ -1,10 +1,11 @@
-"""``well_formed_edit``: the diff format's term, read from the model's answers that ``reward_row`` carries."""
+"""The format terms (``well_formed_edit``, ``well_formed_change``) and ``finished_answers``, read from the model's
+answers and finish reasons that ``reward_row`` carries."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from aitlrt.rewards.builtin import well_formed_change, well_formed_edit
+from aitlrt.rewards.builtin import finished_answers, well_formed_change, well_formed_edit
 from aitlrt.rewards.inputs import reward_row, score
 from aitlrt.rollout.runner import RolloutOutcome, Status
 from aitlrt.warmstart.oracle import edit_block
@@ -56,3 +57,25 @@ def test_a_change_scores_1_and_an_identity_edit_scores_with_a_cut_block():
     got = score({"well_formed_change": well_formed_change, "well_formed_edit": well_formed_edit}, rows)
     assert got["well_formed_change"] == [want for _, want in cases]
     assert got["well_formed_edit"] == [1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 1.0]
+
+
+def test_a_rollout_with_an_answer_cut_at_the_token_cap_scores_0():
+    loop = "src/pkg/mod.py\n```python\n<<<<<<< SEARCH\n" + "    return a\n" * 40
+    block = edit_block("src/pkg/mod.py", "    return a\n", "    return b\n")
+
+    def outcome(status: Status, *answers: tuple[str, str]) -> RolloutOutcome:
+        trace = [{"message": {"role": "assistant", "content": a}, "finish_reason": why} for a, why in answers]
+        trace.append({"request": {}})  # a call the proxy refused: no answer, no finish reason
+        return RolloutOutcome("r", "t", status, "", "", len(answers), 1, 10, "", trace=trace)
+
+    cases = [
+        (outcome("ok", (block, "stop")), 1.0),
+        (outcome("call_limit", (loop, "length")), 0.0),  # GRPO's repetition loop
+        (outcome("no_patch", ("The bug is in `mod.py`.", "stop")), 1.0),  # a chat reply ends: above a loop
+        (outcome("ok", (loop, "length"), (block, "stop")), 0.0),  # any cut answer counts
+        (outcome("timeout", (block, "stop")), 0.0),  # a failed rollout scores 0 everywhere
+        (outcome("no_patch"), 1.0),  # nothing answered, nothing cut
+    ]
+    rows = [reward_row({"instance_id": "t"}, None, o) for o, _ in cases]
+    assert rows[3]["rollout_finish_reasons"] == ["length", "stop"]
+    assert score({"finished_answers": finished_answers}, rows)["finished_answers"] == [want for _, want in cases]
