@@ -19,7 +19,7 @@ RewardFunc = Callable[..., Sequence[float | None]]
 
 def reward_row(row: Mapping[str, Any], task: Task, outcome: RolloutOutcome) -> dict[str, Any]:
     """``row`` (the task's columns) plus the rollout's results: ``task`` (the ``Task``, built once per instance and
-    reused), ``agent_patch`` (the final diff), ``rollout_status``, ``rollout_calls``, ``rollout_completion_tokens``
+    reused), ``agent_patch`` (the final diff), ``rollout_status``, ``rollout_calls``, ``rollout_completion_tokens``,
     ``rollout_answers`` (the model's answers, one text per answered call, in order) and ``rollout_finish_reasons``
     (each answer's finish reason as vLLM gave it: ``length`` when it was cut at the per-call token cap)."""
     answered = [call for call in outcome.trace if call.get("message")]
