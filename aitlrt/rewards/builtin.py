@@ -246,13 +246,14 @@ def well_formed_change(prompts=None, completions=None, completion_ids=None, **kw
 
 
 def finished_answers(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:
-    """1 when no answer of the rollout was cut at the per-call token cap (``max_completion_length``: finish reason
-    ``length``), 0 otherwise and for a failed rollout: DAPO's overlong penalty as a term in [0, 1]. An answer cut at
-    the cap (in practice a line repeated until the cap) scores below every answer that ends, so a group of them
-    and of chat replies is informative and pushes the policy out of the loop (trl's ``mask_truncated_completions``
-    only takes them out of the loss)."""
+    """1 when the rollout answered and no answer was cut at the per-call token cap (``max_completion_length``:
+    finish reason ``length``), 0 otherwise (a failed rollout, or one with no answer): DAPO's overlong penalty as a
+    term in [0, 1]. An answer cut at the cap (in practice a line repeated until it) scores below every answer that
+    ends, so a group of them and of chat replies is informative and pushes the policy out of the loop (trl's
+    ``mask_truncated_completions`` only takes them out of the loss)."""
     rows = _columns(len(kwargs["agent_patch"]), kwargs)
-    return [float(not _failed(r) and "length" not in (r.get("rollout_finish_reasons") or ())) for r in rows]
+    reasons = [r.get("rollout_finish_reasons") or [] for r in rows]
+    return [float(not _failed(r) and bool(why) and "length" not in why) for r, why in zip(rows, reasons, strict=True)]
 
 
 GRADED: tuple[Callable[..., list[float]], ...] = (

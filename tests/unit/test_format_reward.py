@@ -74,7 +74,7 @@ def test_a_rollout_with_an_answer_cut_at_the_token_cap_scores_0():
         (outcome("no_patch", ("The bug is in `mod.py`.", "stop")), 1.0),  # a chat reply ends: above a loop
         (outcome("ok", (loop, "length"), (block, "stop")), 0.0),  # any cut answer counts
         (outcome("timeout", (block, "stop")), 0.0),  # a failed rollout scores 0 everywhere
-        (outcome("no_patch"), 1.0),  # nothing answered, nothing cut
+        (outcome("no_patch"), 0.0),  # nothing answered: nothing to pay
     ]
     rows = [reward_row({"instance_id": "t"}, None, o) for o, _ in cases]
     assert rows[3]["rollout_finish_reasons"] == ["length", "stop"]
