@@ -251,9 +251,9 @@ def finished_answers(prompts=None, completions=None, completion_ids=None, **kwar
     term in [0, 1]. An answer cut at the cap (in practice a line repeated until it) scores below every answer that
     ends, so a group of them and of chat replies is informative and pushes the policy out of the loop (trl's
     ``mask_truncated_completions`` only takes them out of the loss)."""
+    key = "rollout_finish_reasons"
     rows = _columns(len(kwargs["agent_patch"]), kwargs)
-    reasons = [r.get("rollout_finish_reasons") or [] for r in rows]
-    return [float(not _failed(r) and bool(why) and "length" not in why) for r, why in zip(rows, reasons, strict=True)]
+    return [float(not _failed(r) and bool(r.get(key)) and "length" not in r[key]) for r in rows]
 
 
 GRADED: tuple[Callable[..., list[float]], ...] = (
