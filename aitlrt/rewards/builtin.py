@@ -15,6 +15,7 @@ it leaves its group's baseline; here (evaluation, ``aitlrt rollout --rewards``) 
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import logging
 import multiprocessing
@@ -30,7 +31,7 @@ from typing import Any
 from aitlrt.common.git import git
 from aitlrt.common.resources import usable_cores
 from aitlrt.tasks.grading import Grade, grade
-from aitlrt.tasks.patches import similarity
+from aitlrt.tasks.patches import changed_paths, similarity
 from aitlrt.tasks.task import Task, TaskError, task_from_row
 
 log = logging.getLogger(__name__)
@@ -245,6 +246,46 @@ def well_formed_change(prompts=None, completions=None, completion_ids=None, **kw
     return [float(any(s.split() != r.split() for s, r in blocks or ())) for blocks in _last_answer_blocks(kwargs)]
 
 
+def _found_share(search: str, text: str) -> float:
+    """The share of ``search``'s non-blank lines found in ``text`` in order, indentation aside (difflib's matching
+    blocks): 1 for a SEARCH text the file holds (and for an empty one, Aider's way to write a new file), 0 for one
+    made up."""
+    wanted = [line.strip() for line in search.splitlines() if line.strip()]
+    held = [line.strip() for line in text.splitlines() if line.strip()]
+    if not wanted:
+        return 1.0
+    blocks = difflib.SequenceMatcher(None, wanted, held, autojunk=False).get_matching_blocks()
+    return sum(b.size for b in blocks) / len(wanted)
+
+
+def _chat_files(task: Task) -> list[str]:
+    """The text of the task's files at its starting commit: those in the agent's chat (``files``), else those its
+    oracle fix changes; a file missing there is left out."""
+    repo, base = task.checkout()
+    texts = []
+    for path in task.files or changed_paths(task.patch):
+        try:
+            texts.append(git("show", f"{base}:{path}", cwd=repo))
+        except RuntimeError:
+            log.warning("%s: %s is not in the starting commit", task.instance_id, path)
+    return texts
+
+
+def anchored_change(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:
+    """``well_formed_change`` paid by how much of the block the file holds: per block of the last answer that
+    changes something, the share of its SEARCH lines found, in order, in one of the task's files (indentation
+    aside); the best block counts. A matched change scores 1, a SEARCH that missed by a line or two nearly as much,
+    and one made up 0, with an identity edit: paying every attempted change alike paid made-up SEARCH texts over
+    identity edits, and GRPO learnt to write them (DIARY 2026-11-27)."""
+    out = []
+    for row, blocks in zip(_columns(len(kwargs["agent_patch"]), kwargs), _last_answer_blocks(kwargs), strict=True):
+        changes = [s for s, r in blocks or () if s.split() != r.split()]
+        task = _task(row) if changes else None
+        texts = _chat_files(task) if task is not None else []
+        out.append(max((_found_share(s, t) for s in changes for t in texts), default=0.0))
+    return out
+
+
 def finished_answers(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:
     """1 when the rollout answered and no answer was cut at the per-call token cap (``max_completion_length``:
     finish reason ``length``), 0 otherwise (a failed rollout, or one with no answer): DAPO's overlong penalty as a
@@ -274,6 +315,7 @@ REWARDS: dict[str, Callable[..., list[float]]] = {
         edit_tests_pass_fraction,
         well_formed_edit,
         well_formed_change,
+        anchored_change,
         finished_answers,
     )
 }

@@ -20,7 +20,7 @@ def test_a_training_config_sets_evals_defaults():
     assert args.serve_args == "--enforce-eager --max-model-len 6144"
     assert args.rewards == (
         "tests_pass=1,patch_similarity=0.5,non_empty_patch=0.1,tests_pass_fraction=0,unbroken_patch_similarity=0,"
-        "edit_tests_pass_fraction=0,well_formed_change=0,finished_answers=0"
+        "edit_tests_pass_fraction=0,anchored_change=0,finished_answers=0"
     )
     assert not args.fresh_workspaces and args.seed == 0
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from aitlrt.rewards.builtin import finished_answers, well_formed_change, well_formed_edit
+from aitlrt.common.git import git
+from aitlrt.rewards.builtin import anchored_change, finished_answers, well_formed_change, well_formed_edit
 from aitlrt.rewards.inputs import reward_row, score
 from aitlrt.rollout.runner import RolloutOutcome, Status
+from aitlrt.tasks.task import task_from_row
 from aitlrt.warmstart.oracle import edit_block
 
 
@@ -57,6 +59,35 @@ def test_a_change_scores_1_and_an_identity_edit_scores_with_a_cut_block():
     got = score({"well_formed_change": well_formed_change, "well_formed_edit": well_formed_edit}, rows)
     assert got["well_formed_change"] == [want for _, want in cases]
     assert got["well_formed_edit"] == [1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 1.0]
+
+
+def test_an_anchored_change_is_paid_by_the_share_of_its_search_lines_the_file_holds(tmp_path):
+    code = "def f(a):\n    if a:\n        return 1\n    return 2\n\n\ndef g():\n    return 3\n"
+    (tmp_path / "m.py").write_text(code)
+    git("init", "-q", cwd=tmp_path)
+    git("add", "-A", cwd=tmp_path)
+    git("commit", "-qm", "start", cwd=tmp_path)
+    row = {"instance_id": "t", "problem_statement": "fix f", "repo_path": str(tmp_path), "files": ["m.py"]}
+    task = task_from_row(row)
+    block = edit_block("m.py", "    if a:\n        return 1\n", "    if not a:\n        return 1\n")
+    four_lines_one_made_up = "def f(a):\n    if b:\n        return 1\n    return 2\n"  # the file holds 3, in order
+    cases = [
+        (_outcome("ok", block), 1.0),
+        (_outcome("call_limit", edit_block("m.py", "  if a:\n", "  if b:\n")), 1.0),  # indentation aside
+        (_outcome("call_limit", edit_block("m.py", "    if key is None:\n", "    if key:\n")), 0.0),  # made up
+        (_outcome("call_limit", edit_block("m.py", four_lines_one_made_up, "def f(a):\n    return 2\n")), 0.75),
+        (_outcome("call_limit", edit_block("m.py", "    return 3\n    return 1\n", "    pass\n")), 0.5),  # out of order
+        (_outcome("no_patch", edit_block("m.py", "def g():\n", "def g():\n")), 0.0),  # an identity edit
+        (_outcome("ok", edit_block("new.py", "", "x = 1\n")), 1.0),  # Aider's way to write a new file
+        (_outcome("no_patch", "The bug is in `f`."), 0.0),
+        (_outcome("crashed", block), 0.0),
+    ]
+    rows = [reward_row(row, task, o) for o, _ in cases]
+    assert score({"anchored_change": anchored_change}, rows)["anchored_change"] == [want for _, want in cases]
+    # a task without ``files`` is read in the files its oracle fix changes
+    oracle = "diff --git a/m.py b/m.py\n--- a/m.py\n+++ b/m.py\n@@ -2 +2 @@ def f(a):\n-    if a:\n+    if not a:\n"
+    bare = task_from_row({**row, "files": [], "patch": oracle})
+    assert score({"a": anchored_change}, [reward_row(row, bare, cases[0][0])])["a"] == [1.0]
 
 
 def test_a_rollout_with_an_answer_cut_at_the_token_cap_scores_0():
