@@ -258,7 +258,7 @@ def _found_share(search: str, text: str) -> float:
     return sum(b.size for b in blocks) / len(wanted)
 
 
-def _chat_files(task: Task) -> list[str]:
+def _file_texts(task: Task) -> list[str]:
     """The text of the task's files at its starting commit: those in the agent's chat (``files``), else those its
     oracle fix changes; a file missing there is left out."""
     repo, base = task.checkout()
@@ -276,12 +276,12 @@ def anchored_change(prompts=None, completions=None, completion_ids=None, **kwarg
     changes something, the share of its SEARCH lines found, in order, in one of the task's files (indentation
     aside); the best block counts. A matched change scores 1, a SEARCH that missed by a line or two nearly as much,
     and one made up 0, with an identity edit: paying every attempted change alike paid made-up SEARCH texts over
-    identity edits, and GRPO learnt to write them (DIARY 2026-11-27)."""
+    identity edits, and GRPO learnt to write them (DIARY 2026-11-27, evening)."""
     out = []
     for row, blocks in zip(_columns(len(kwargs["agent_patch"]), kwargs), _last_answer_blocks(kwargs), strict=True):
         changes = [s for s, r in blocks or () if s.split() != r.split()]
         task = _task(row) if changes else None
-        texts = _chat_files(task) if task is not None else []
+        texts = _file_texts(task) if task is not None else []
         out.append(max((_found_share(s, t) for s in changes for t in texts), default=0.0))
     return out
 

@@ -1,5 +1,5 @@
-"""The format terms (``well_formed_edit``, ``well_formed_change``) and ``finished_answers``, read from the model's
-answers and finish reasons that ``reward_row`` carries."""
+"""The format terms (``well_formed_edit``, ``well_formed_change``, ``anchored_change``) and ``finished_answers``,
+read from the model's answers and finish reasons that ``reward_row`` carries."""
 
 from __future__ import annotations
 
