@@ -239,11 +239,16 @@ def well_formed_edit(prompts=None, completions=None, completion_ids=None, **kwar
     return [float(bool(blocks)) for blocks in _last_answer_blocks(kwargs)]
 
 
+def _changing_searches(blocks: list[tuple[str, str]] | None) -> list[str]:
+    """The SEARCH texts of the blocks that change something: REPLACE differs from SEARCH in more than whitespace."""
+    return [search for search, replace in blocks or () if search.split() != replace.split()]
+
+
 def well_formed_change(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:
     """``well_formed_edit`` for a block that changes something: 1 when the last answer holds a whole SEARCH/REPLACE
     block whose REPLACE text differs from its SEARCH text in more than whitespace, matched or not. An identity edit
     (REPLACE == SEARCH, which changes nothing) scores with a cut or missing block, below an attempted change."""
-    return [float(any(s.split() != r.split() for s, r in blocks or ())) for blocks in _last_answer_blocks(kwargs)]
+    return [float(bool(_changing_searches(blocks))) for blocks in _last_answer_blocks(kwargs)]
 
 
 def _found_share(search: str, text: str) -> float:
@@ -279,7 +284,7 @@ def anchored_change(prompts=None, completions=None, completion_ids=None, **kwarg
     identity edits, and GRPO learnt to write them (DIARY 2026-11-27, evening)."""
     out = []
     for row, blocks in zip(_columns(len(kwargs["agent_patch"]), kwargs), _last_answer_blocks(kwargs), strict=True):
-        changes = [s for s, r in blocks or () if s.split() != r.split()]
+        changes = _changing_searches(blocks)
         task = _task(row) if changes else None
         texts = _file_texts(task) if task is not None else []
         out.append(max((_found_share(s, t) for s in changes for t in texts), default=0.0))
