@@ -72,6 +72,19 @@ if [ "${AITLRT_AIDER:-1}" = 1 ]; then
   fi
 fi
 
+# bubblewrap (Debian's package): the sandbox of graded tests (aitlrt/tasks/sandbox.py). Without it tests run under
+# `unshare` (own network and pids, host writable) or, where that fails too, unisolated: training then refuses to
+# start unless told `allow_unisolated_tests: true`.
+if command -v bwrap >/dev/null 2>&1; then
+  log "bubblewrap: $(command -v bwrap)"
+elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  log "installing bubblewrap: apt-get install -y --no-install-recommends bubblewrap"
+  apt_bwrap() { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends bubblewrap >/dev/null; }
+  apt_bwrap || { apt-get update -qq && apt_bwrap; } || log "could not install bubblewrap: graded tests get weaker isolation"
+else
+  log "no bubblewrap, and no root or apt-get to install it: graded tests get weaker isolation (install bubblewrap)"
+fi
+
 # Chromium (Debian's package) for tests/integration/test_report_browser.py; never fatal: without it that test fails
 # and says why.
 apt_chromium() { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }

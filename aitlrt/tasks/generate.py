@@ -25,9 +25,8 @@ from typing import Any
 from aitlrt.common.git import git
 from aitlrt.common.workspace import workspace
 from aitlrt.tasks.envs import TestEnv, ensure_env
-from aitlrt.tasks.grading import PASSING, parse_pytest
 from aitlrt.tasks.mutations import Mutation, mutations
-from aitlrt.tasks.sandbox import run_sandboxed
+from aitlrt.tasks.pytest_run import PASSED, run_pytest
 from aitlrt.tasks.sources import Source, materialise
 from aitlrt.tasks.task import PROBLEM_TEMPLATE, Task
 
@@ -72,10 +71,8 @@ class Report:
 
 
 def _run_suite(env: TestEnv, repo: Path, timeout: float) -> tuple[dict[str, str], bool, str]:
-    paths = [str(repo / "src"), str(repo)] if (repo / "src").is_dir() else [str(repo)]
-    run_env = {**env.environ(), "PYTHONPATH": ":".join(paths), "PYTHONDONTWRITEBYTECODE": "1", "COLUMNS": "240"}
-    result = run_sandboxed(env.spec.test_cmd, repo, run_env, timeout, binds=[env.root])
-    return parse_pytest(result.output), result.timed_out, result.output
+    run = run_pytest(env, repo, [], timeout)
+    return run.statuses, run.timed_out, "\n".join([*run.problems, run.output])
 
 
 def _candidates(
@@ -157,7 +154,7 @@ def generate_tasks(
         t0 = time.monotonic()
         baseline, timed_out, output = _run_suite(test_env, ws.repo, timeout=1800)
         report.baseline_s = time.monotonic() - t0
-    passing = sorted(t for t, s in baseline.items() if s in PASSING)
+    passing = sorted(t for t, s in baseline.items() if s == PASSED)
     if timed_out or not passing:
         raise RuntimeError(f"the test suite of {source} does not pass at its base; pytest said:\n{output[-1500:]}")
     log.info("baseline: %d passing tests in %.1f s", len(passing), report.baseline_s)
@@ -183,8 +180,8 @@ def generate_tasks(
                 bug = git("diff", cwd=ws.repo)
                 statuses, timed_out, _ = _run_suite(test_env, ws.repo, timeout)
                 fix = _fix_diff(ws.repo, path, original)
-                f2p = [t for t in passing if statuses.get(t) not in PASSING]
-                p2p = [t for t in passing if statuses.get(t) in PASSING]
+                f2p = [t for t in passing if statuses.get(t) != PASSED]
+                p2p = [t for t in passing if statuses.get(t) == PASSED]
                 with lock:
                     if timed_out:
                         report.timeouts += 1

@@ -1,9 +1,15 @@
-"""Grade a patch by running the task's tests: SWE-bench semantics.
+"""Grade a patch by running the task's tests: SWE-bench semantics, with a grade only a fix can pass.
 
-In a private copy of the task's starting commit: apply the patch (``git apply``, then ``patch --fuzz``), restore
-the test files the grading runs to their original state (an agent cannot pass by editing the tests), apply the
-task's ``test_patch``, run the test command on those files in the sandbox, and read pytest's ``-rA`` summary.
-Resolved = every FAIL_TO_PASS test passes and no PASS_TO_PASS test breaks.
+In a private copy of the task's starting commit (the grader's own, never the agent's workspace): refuse a patch
+that writes outside the repository, into ``.git`` or through a symbolic link; apply it (``git apply``, then
+``patch --fuzz``); put the test infrastructure back as the base has it (``protected``: every test file and
+folder, ``conftest.py``, pytest's ini files, ``setup.cfg``/``pyproject.toml``/``tox.ini``, ``sitecustomize``,
+``usercustomize``, ``*.pth``), naming what was put back in the grade's ``restored``; apply the task's
+``test_patch``; and run the tests in the sandbox with the grader's own pytest plugin reporting each outcome
+(``aitlrt.tasks.pytest_run``). Resolved = every FAIL_TO_PASS test passed and every PASS_TO_PASS test passed (or
+failed as expected, ``XFAIL``) in a run the plugin vouches for. A run it cannot vouch for (tampering, an
+incomplete run) is ``unresolved`` with the reason; one that never reached pytest is ``grader_error``
+(unscorable: the grader's failure, not the patch's).
 """
 
 from __future__ import annotations
@@ -11,23 +17,30 @@ from __future__ import annotations
 import subprocess
 import time
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from aitlrt.common.git import git
 from aitlrt.common.workspace import workspace
 from aitlrt.tasks import patches
 from aitlrt.tasks.envs import EnvBuildError, ensure_env
-from aitlrt.tasks.sandbox import run_sandboxed
+from aitlrt.tasks.pytest_run import PASSED, XFAIL, TestRun, run_pytest
 from aitlrt.tasks.task import Task
 
-PASSING = ("PASSED", "XFAIL")
-STATUSES = ("PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS")
+F2P_PASSING = (PASSED,)
+"""A FAIL_TO_PASS test must pass: a failure marked as expected is not a fix."""
+P2P_PASSING = (PASSED, XFAIL)
+TEST_DIRS = frozenset({"test", "tests"})
+INFRASTRUCTURE = frozenset(
+    {"conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "sitecustomize.py",
+     "usercustomize.py"}
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Grade:
     status: str
-    """``resolved``, ``unresolved``, ``patch_failed``, ``test_patch_failed``, ``env_failed``, ``timeout``."""
+    """``resolved``, ``unresolved``, ``patch_failed``, ``test_patch_failed``, ``env_failed``, ``timeout``,
+    ``grader_error``."""
     f2p_passed: int = 0
     f2p_total: int = 0
     p2p_passed: int = 0
@@ -35,6 +48,8 @@ class Grade:
     reason: str = ""
     seconds: float = 0.0
     isolation: str = ""
+    restored: tuple[str, ...] = ()
+    """Test infrastructure the patch changed, put back as the base has it before the tests ran."""
 
     @property
     def resolved(self) -> bool:
@@ -47,16 +62,6 @@ class Grade:
         return (self.f2p_passed + self.p2p_passed) / total if total else 0.0
 
 
-def parse_pytest(output: str) -> dict[str, str]:
-    """``{test id: status}`` from pytest's ``-rA`` short summary (ids cut at the first space, as SWE-bench)."""
-    statuses = {}
-    for line in output.splitlines():
-        word, _, rest = line.partition(" ")
-        if word in STATUSES and rest and not rest.startswith("["):
-            statuses[rest.replace(" - ", " ").split()[0]] = word
-    return statuses
-
-
 def test_targets(task: Task) -> list[str]:
     """The test files to run: those the test patch touches, else those the test ids name."""
     files = patches.changed_paths(task.test_patch) if task.test_patch else []
@@ -64,10 +69,26 @@ def test_targets(task: Task) -> list[str]:
     return list(dict.fromkeys(files))
 
 
+def protected(path: str, targets: list[str]) -> bool:
+    """Whether ``path`` is test infrastructure, which a patch may not change (see the module docstring)."""
+    parts = PurePosixPath(path).parts
+    name = parts[-1]
+    return (
+        path in targets
+        or name in INFRASTRUCTURE
+        or name.endswith(".pth")
+        or (name.startswith("test_") and name.endswith(".py"))
+        or name.endswith("_test.py")
+        or any(part in TEST_DIRS for part in parts[:-1])
+    )
+
+
 def apply_patch(repo: Path, patch: str) -> str | None:
-    """Apply ``patch`` in the work tree; None, or why it does not apply."""
+    """Apply ``patch`` in the work tree; None, or why it does not apply (or is refused)."""
     if not patch.strip():
         return None
+    if unsafe := patches.unsafe_paths(patch):
+        return "patch refused: it writes outside the repository's files: " + ", ".join(unsafe[:3])
     text = patch if patch.endswith("\n") else patch + "\n"
     tries = (["git", "apply", "--whitespace=nowarn", "-"], ["patch", "--batch", "--fuzz=5", "-p1", "--forward"])
     errors = []
@@ -81,6 +102,42 @@ def apply_patch(repo: Path, patch: str) -> str | None:
     return "patch does not apply: " + errors[0]
 
 
+def restore_infrastructure(repo: Path, base: str, targets: list[str]) -> list[str]:
+    """Put every protected path the work tree changed back as ``base`` has it (new ones removed); return them."""
+    flags = ("--porcelain", "-z", "--untracked-files=all", "--ignored=traditional", "--no-renames")
+    status = git("status", *flags, cwd=repo)
+    changed = [entry[3:] for entry in status.split("\0") if entry]
+    restored = sorted(p for p in changed if protected(p, targets))
+    if not restored:
+        return []
+    in_base = set(git("ls-tree", "-r", "-z", "--name-only", base, "--", *restored, cwd=repo).split("\0")) - {""}
+    if in_base:
+        git("checkout", base, "--", *sorted(in_base), cwd=repo)
+    for path in set(restored) - in_base:
+        (repo / path).unlink(missing_ok=True)
+    return restored
+
+
+def _grade_run(task: Task, run: TestRun) -> tuple[str, str, int, int]:
+    """Status, reason and the FAIL_TO_PASS / PASS_TO_PASS tests that passed, from one test run."""
+    if run.timed_out:
+        return "timeout", f"tests ran past {run.seconds:.0f} s", 0, 0
+    if not run.statuses and any(p.startswith("pytest did not start") for p in run.problems):
+        return "grader_error", f"no result from the tests (exit {run.returncode}): {run.output.strip()[-600:]}", 0, 0
+    if run.problems:
+        return "unresolved", "untrusted test run: " + "; ".join(run.problems), 0, 0
+    f2p = sum(run.statuses.get(t) in F2P_PASSING for t in task.fail_to_pass)
+    p2p = sum(run.statuses.get(t) in P2P_PASSING for t in task.pass_to_pass)
+    failing = [t for t in task.fail_to_pass if run.statuses.get(t) not in F2P_PASSING]
+    failing += [t for t in task.pass_to_pass if run.statuses.get(t) not in P2P_PASSING]
+    if not failing and (task.fail_to_pass or task.pass_to_pass):
+        return "resolved", "", f2p, p2p
+    if not (task.fail_to_pass or task.pass_to_pass):
+        return "unresolved", "no FAIL_TO_PASS/PASS_TO_PASS tests", f2p, p2p
+    example = f"{failing[0]} ({run.statuses.get(failing[0], 'not run')})"
+    return "unresolved", f"{len(failing)} test(s) fail, e.g. {example}", f2p, p2p
+
+
 def grade(task: Task, patch: str, timeout: float = 600) -> Grade:
     """Run the task's tests on ``patch``; never raises for a bad patch, a broken environment or a hang."""
     started = time.monotonic()
@@ -89,32 +146,17 @@ def grade(task: Task, patch: str, timeout: float = 600) -> Grade:
     except EnvBuildError as exc:
         return Grade("env_failed", reason=str(exc)[-1500:])
     repo, base = task.checkout()
+    targets = test_targets(task)
     with workspace(repo, base) as ws:
         if why := apply_patch(ws.repo, patch):
             return Grade("patch_failed", reason=why, seconds=time.monotonic() - started)
-        targets = test_targets(task)
-        tracked = set(git("ls-tree", "-r", "--name-only", base, "--", *targets, cwd=ws.repo).split()) if targets else ()
-        if tracked:
-            git("checkout", base, "--", *sorted(tracked), cwd=ws.repo)
+        restored = tuple(restore_infrastructure(ws.repo, base, targets))
         if why := apply_patch(ws.repo, task.test_patch):
-            return Grade("test_patch_failed", reason=why, seconds=time.monotonic() - started)
-        paths = [str(ws.repo / "src"), str(ws.repo)] if (ws.repo / "src").is_dir() else [str(ws.repo)]
-        run_env = {**env.environ(), "PYTHONPATH": ":".join(paths), "PYTHONDONTWRITEBYTECODE": "1", "COLUMNS": "240"}
-        command = " ".join([env.spec.test_cmd, *targets])
-        result = run_sandboxed(command, ws.repo, run_env, timeout, binds=[env.root])
-    statuses = parse_pytest(result.output)
-    f2p = sum(statuses.get(t) in PASSING for t in task.fail_to_pass)
-    p2p = sum(statuses.get(t) in PASSING for t in task.pass_to_pass)
-    failing = [t for t in (*task.fail_to_pass, *task.pass_to_pass) if statuses.get(t) not in PASSING]
-    if result.timed_out:
-        status, reason = "timeout", f"tests ran past {timeout:.0f} s"
-    elif not failing and (task.fail_to_pass or task.pass_to_pass):
-        status, reason = "resolved", ""
-    elif statuses:
-        status = "unresolved"
-        reason = f"{len(failing)} test(s) fail, e.g. {failing[0]}" if failing else "no FAIL_TO_PASS/PASS_TO_PASS tests"
-    else:
-        status, reason = "unresolved", f"no test results (exit {result.returncode}): {result.output.strip()[-600:]}"
+            return Grade("test_patch_failed", reason=why, seconds=time.monotonic() - started, restored=restored)
+        run = run_pytest(env, ws.repo, targets, timeout)
+    status, reason, f2p, p2p = _grade_run(task, run)
+    if restored:
+        reason = f"{reason}; test infrastructure put back: {', '.join(restored[:5])}".lstrip("; ")
     return Grade(
         status,
         f2p_passed=f2p,
@@ -123,5 +165,6 @@ def grade(task: Task, patch: str, timeout: float = 600) -> Grade:
         p2p_total=len(task.pass_to_pass),
         reason=reason,
         seconds=time.monotonic() - started,
-        isolation=result.isolation,
+        isolation=run.isolation,
+        restored=restored,
     )

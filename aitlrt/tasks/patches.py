@@ -168,3 +168,27 @@ def reverse(patch: str) -> str:
 
 def _swap_prefix(path: str, old: str, new: str) -> str:
     return new + path[len(old) :] if path.startswith(old) else path
+
+
+def unsafe_paths(patch: str) -> list[str]:
+    """The paths of ``patch``'s file headers that leave the repository or enter a ``.git`` folder (absolute, with
+    a ``..`` or ``.git`` component), and any file it makes a symbolic link (mode 120000): ``patch`` writes
+    through neither safely."""
+    unsafe = []
+    for role, line in _roles(patch):
+        if role == "git" and (found := _GIT_HEADER.match(line)):
+            names = [found.group(1), found.group(2)]
+        elif role in ("old", "new"):
+            names = [_path(line)]
+        elif role == "meta" and line.startswith(("rename from ", "rename to ", "copy from ", "copy to ")):
+            names = [line.split(" ", 2)[2]]
+        elif role == "meta" and line.endswith(" 120000") and line.startswith(("new file mode", "new mode")):
+            unsafe.append(f"a symbolic link ({line})")
+            continue
+        else:
+            continue
+        for name in names:
+            parts = name.strip('"').split("/")
+            if name != "/dev/null" and (name.startswith("/") or ".." in parts or ".git" in parts):
+                unsafe.append(name)
+    return list(dict.fromkeys(unsafe))

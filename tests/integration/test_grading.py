@@ -7,6 +7,7 @@ SWE-bench's install spec); later runs reuse them from ``$AITLRT_HOME/envs``.
 from __future__ import annotations
 
 import logging
+import subprocess
 import time
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from aitlrt.rewards import builtin
 from aitlrt.rewards.builtin import REWARDS, grade_rollouts
 from aitlrt.tasks.grading import grade
 from aitlrt.tasks.loader import load_tasks
-from aitlrt.tasks.sandbox import network_isolation, run_sandboxed
+from aitlrt.tasks.sandbox import OUTPUT_TAIL, local_isolation, run_sandboxed
 
 WEBARGS = [
     "marshmallow-code__webargs.dbde72fe.pr_974",
@@ -86,7 +87,7 @@ def test_webargs_tasks_gold_empty_and_breaking_patches(webargs):
     for g, task in zip(grades[8:], tasks, strict=True):  # the fix works, but another test breaks
         assert g.status == "unresolved" and g.f2p_passed == g.f2p_total == len(task.fail_to_pass)
         assert g.p2p_passed < g.p2p_total
-    assert grades[0].isolation == network_isolation()[1]
+    assert grades[0].isolation == local_isolation(Path('/'), writable=False)[1]
 
 
 def test_failed_rollouts_and_bad_patches_score_zero_with_a_reason(webargs):
@@ -139,20 +140,34 @@ def test_an_agent_cannot_pass_by_editing_the_tests(webargs):
     assert grade(task, cheat).status != "resolved"
 
 
-def test_sandbox_cuts_the_network_keeps_loopback_and_kills_on_timeout(tmp_path):
-    prefix, isolation = network_isolation()
-    if not prefix:
-        pytest.skip(f"no network isolation on this machine: {isolation}")
-    probe = (
-        "python3 -c \"import socket; s=socket.socket(); s.settimeout(3); s.connect(('1.1.1.1', 53))\" "
-        "&& echo REACHED || echo UNREACHABLE; "
-        "python3 -c \"import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print('LOOPBACK', s.listen())\""
-    )
-    result = run_sandboxed(probe, tmp_path, {"PATH": "/usr/bin:/bin"}, timeout=30)
-    assert "UNREACHABLE" in result.output and "LOOPBACK" in result.output, result.output
+def test_sandbox_isolates_and_always_comes_back(tmp_path):
+    """bubblewrap: no network but loopback, the host read-only, the working directory and a private /tmp
+    writable, its own pids (nothing outlives it), a bounded output tail, and a timeout that returns even when a
+    stray child holds the output pipe."""
+    isolation = local_isolation(tmp_path)[1]
+    if isolation != "bwrap":
+        pytest.skip(f"no bubblewrap on this machine: {isolation}")
+    outside = Path.home() / f".aitlrt-sandbox-probe-{tmp_path.name}"  # not under /tmp, which is private there
+    probe = f"""
+python3 -c "import socket; s=socket.socket(); s.settimeout(3); s.connect(('1.1.1.1', 53))" \
+  && echo REACHED || echo UNREACHABLE
+python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print('LOOPBACK', s.listen())"
+echo x > {outside} 2>/dev/null && echo WROTE-HOST || echo HOST-READ-ONLY
+echo x > here.txt && echo x > /tmp/private.txt && echo WROTE-OWN
+echo PIDS $(ls /proc | grep -c '^[0-9]')
+"""
+    result = run_sandboxed(["bash", "-c", probe], tmp_path, {"PATH": "/usr/bin:/bin"}, timeout=30)
+    out = result.output
+    assert "UNREACHABLE" in out and "LOOPBACK" in out and "HOST-READ-ONLY" in out and "WROTE-OWN" in out, out
+    assert not outside.exists() and (tmp_path / "here.txt").exists() and not Path("/tmp/private.txt").exists()
+    assert int(out.split("PIDS ")[1].split()[0]) < 10, out  # its own pid namespace
     started = time.monotonic()
-    hung = run_sandboxed("sleep 300 & sleep 300", tmp_path, {"PATH": "/usr/bin:/bin"}, timeout=2)
-    assert hung.timed_out and time.monotonic() - started < 20
+    stray = "setsid sleep 987656 & yes | head -c 50000000; sleep 300"
+    hung = run_sandboxed(["bash", "-c", stray], tmp_path, {"PATH": "/usr/bin:/bin"}, timeout=3)
+    assert hung.timed_out and hung.returncode is None and time.monotonic() - started < 20
+    assert len(hung.output.encode()) <= OUTPUT_TAIL
+    left = subprocess.run(["pgrep", "-f", "sleep 987656"], capture_output=True, text=True)
+    assert left.stdout == "", "a process of the sandbox outlived it"
 
 
 def test_apptainer_runner_when_present(tmp_path, monkeypatch):
@@ -165,7 +180,8 @@ def test_apptainer_runner_when_present(tmp_path, monkeypatch):
         pytest.skip("needs apptainer and AITLRT_APPTAINER_IMAGE (an image with python3)")
     monkeypatch.setenv("AITLRT_TEST_RUNNER", f"apptainer:{image}")
     (tmp_path / "probe.txt").write_text("inside\n")
-    result = run_sandboxed("cat probe.txt && python3 -c 'print(6*7)'", tmp_path, dict(os.environ), timeout=120)
+    command = ["bash", "-c", "cat probe.txt && python3 -c 'print(6*7)'"]
+    result = run_sandboxed(command, tmp_path, dict(os.environ), timeout=120)
     assert result.returncode == 0 and "inside" in result.output and "42" in result.output
     assert result.isolation.startswith("apptainer")
 
