@@ -12,6 +12,7 @@ and the run's sampling parameters, and stops both at the end; otherwise ``--serv
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shlex
@@ -34,9 +35,11 @@ log = logging.getLogger("aitlrt.train")
 
 
 def main(argv: list[str] | None = None) -> AgentGRPOTrainer:
+    from aitlrt.common.keys import env_key
     from aitlrt.common.logs import setup_logging
     from aitlrt.common.procs import exit_on_sigterm
 
+    env_key()  # $AITLRT_API_KEY (a server started elsewhere) is taken out of the environment before any child starts
     exit_on_sigterm()  # scancel, kill: stop the agents and aitlrt-serve + vLLM on the way out
     setup_logging()  # before trl is imported
     from trl import ModelConfig, TrlParser, get_peft_config
@@ -58,8 +61,9 @@ def resume_checkpoint(value: str | bool | None, output_dir: str | Path) -> str |
     """What ``Trainer.train(resume_from_checkpoint=...)`` gets for ``--resume_from_checkpoint VALUE``.
 
     ``true`` (any case; YAML's ``true`` arrives as a bool) means, as in trl and transformers, the newest checkpoint
-    in ``output_dir``: here the newest ``checkpoint-N`` holding a ``trainer_state.json`` (one cut off while being
-    saved has none; transformers would pick it and fail), and None, a fresh start, when there is none (where
+    in ``output_dir``: here the newest ``checkpoint-N`` whose ``trainer_state.json`` parses as a JSON object (one
+    cut off while being saved has none, or an empty or torn one: transformers would pick it and fail, and so would
+    every requeue; each one passed over is logged), and None, a fresh start, when there is none (where
     transformers raises): a job that resumes whatever it saved, such as a requeued SLURM job (jobs/lib.sh), passes
     ``true`` before its first checkpoint exists. ``false`` or empty: None. Anything else: a checkpoint path.
     """
@@ -67,13 +71,19 @@ def resume_checkpoint(value: str | bool | None, output_dir: str | Path) -> str |
         return None
     if value is not True and str(value).strip().lower() != "true":
         return str(value)
-    best: tuple[int, Path] | None = None
     root = Path(output_dir)
-    for ckpt in root.glob("checkpoint-*") if root.is_dir() else ():
-        step = ckpt.name.removeprefix("checkpoint-")
-        if step.isdigit() and (ckpt / "trainer_state.json").is_file() and (best is None or int(step) > best[0]):
-            best = (int(step), ckpt)
-    return str(best[1]) if best else None
+    steps = {c: c.name.removeprefix("checkpoint-") for c in root.glob("checkpoint-*")} if root.is_dir() else {}
+    for ckpt in sorted((c for c, step in steps.items() if step.isdigit()), key=lambda c: -int(steps[c])):
+        state = ckpt / "trainer_state.json"
+        if not state.is_file():
+            continue  # cut off before its state was written: the usual end of a killed save
+        try:
+            if isinstance(json.loads(state.read_text()), dict):
+                return str(ckpt)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            pass
+        log.warning("%s: its trainer_state.json is not a JSON object (empty or torn?): not resuming from it", ckpt)
+    return None
 
 
 def run(
@@ -93,6 +103,7 @@ def run(
     from aitlrt.rewards.builtin import REWARDS
     from aitlrt.serving.process import ServeProcess, managed_server
     from aitlrt.tasks.loader import TaskLoadError
+    from aitlrt.tasks.sandbox import require_isolation
     from aitlrt.training.config import heldout_weights
     from aitlrt.training.dataset import run_tasks
     from aitlrt.training.trainer import AgentGRPOTrainer
@@ -100,6 +111,10 @@ def run(
     unknown = [name for name in script.rewards if name not in REWARDS]
     if unknown:
         raise SystemExit(f"aitlrt train: unknown rewards {unknown} (known: {', '.join(REWARDS)})")
+    try:
+        require_isolation(script.allow_unisolated_tests)
+    except RuntimeError as exc:
+        raise SystemExit(f"aitlrt train: {exc}") from None
     assert config.output_dir is not None  # TrainingArguments.__post_init__ sets its default
     out_dir = Path(config.output_dir)
     state = PartialState()
@@ -117,6 +132,9 @@ def run(
         if state.num_processes > 1 and not config.proxy_url:
             raise SystemExit("aitlrt train: with several processes start aitlrt-serve yourself and pass --serve URL")
         extra_args = shlex.split(script.serve_args)
+        if "--request-timeout" not in extra_args:  # a hung vLLM fails its calls (504: unscorable, counted towards
+            # max_unscorable_steps) well before the rollout's timeout, which is the policy's failure (0)
+            extra_args += ["--request-timeout", str(max(30.0, config.rollout_timeout_s / 2))]
         if config.weight_sync == "nccl" and "--weight-transfer-config" not in extra_args:
             extra_args += ["--weight-transfer-config", '{"backend": "nccl"}']  # the engine trl's client streams into
         server = managed_server(

@@ -1,6 +1,7 @@
 """Benchmark of aitlrt-serve: direct-to-vLLM vs through the proxy, side by side in one run.
 
-1. Real vLLM CPU server with the bundled model: tokens/s and p50/p99 latency at concurrency 1, 8, 32,
+1. Real vLLM CPU server with the bundled model, keys on as in a run (vLLM takes its key; the proxy arm sends a
+   rollout's token): tokens/s and p50/p99 latency at concurrency 1, 8, 32,
    direct, through the proxy, and direct with the extras the proxy asks for (token ids, logprobs), in rounds of
    one wave of requests per arm (60, 24 and 12 rounds), the order rotating between rounds (this machine is noisy;
    ratios are medians over rounds of the arms' throughput in the same round).
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import statistics
 import subprocess
@@ -25,24 +27,31 @@ from tempfile import mkdtemp
 
 import httpx
 
+from aitlrt.common import keys
 from aitlrt.common.model import prepare_bundled_model
 from aitlrt.common.procs import free_port, wait_http
 from aitlrt.serving.process import ServeProcess
 from aitlrt_server.upstream import VLLMServer
 
 MAX_TOKENS = 16
+VLLM_KEY_ENV = "AITLRT_BENCH_VLLM_KEY"
 MEMORY_CALLS = 1000
 MEMORY_PROMPT_TOKENS = 2300
 """An Aider request of the CPU recipe: ~2,300 prompt tokens."""
 
 
-async def _round(url: str, concurrency: int, requests: int, body: dict) -> tuple[float, list[float], int]:
+Arm = tuple[str, dict, dict[str, str]]
+"""An arm of a comparison: URL, body, headers (the key each side takes)."""
+
+
+async def _round(arm: Arm, concurrency: int, requests: int) -> tuple[float, list[float], int]:
     """Send ``requests`` calls, ``concurrency`` at a time; return (wall s, latencies s, completion tokens)."""
+    url, body, headers = arm
     latencies: list[float] = []
     tokens = 0
     queue = list(range(requests))
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+    async with httpx.AsyncClient(timeout=600, limits=limits, headers=headers) as client:
 
         async def worker() -> None:
             nonlocal tokens
@@ -63,8 +72,8 @@ def _pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
 
-def compare(arms: dict[str, tuple[str, dict]], concurrency: int, requests: int, rounds: int) -> dict:
-    """Run every arm (name -> (url, body)) once per round, the order rotating and reversing from round to round
+def compare(arms: dict[str, Arm], concurrency: int, requests: int, rounds: int) -> dict:
+    """Run every arm (name -> (url, body, headers)) once per round, the order rotating and reversing from round to round
     so that a drift of the machine favours none. Per arm: median per-round throughput, pooled latency
     percentiles, and ``ratio``: the median over rounds of its throughput / the first arm's in the same round."""
     names = list(arms)
@@ -72,8 +81,7 @@ def compare(arms: dict[str, tuple[str, dict]], concurrency: int, requests: int, 
     for r in range(rounds):
         order = names[r % len(names) :] + names[: r % len(names)]
         for name in order if r % 2 == 0 else order[::-1]:
-            url, body = arms[name]
-            wall, lat, tokens = asyncio.run(_round(url, concurrency, requests, body))
+            wall, lat, tokens = asyncio.run(_round(arms[name], concurrency, requests))
             stats[name]["tps"].append(tokens / wall)
             stats[name]["rps"].append(requests / wall)
             stats[name]["lat"].extend(lat)
@@ -108,13 +116,14 @@ def proxy_memory(upstream: str, work: Path, calls: int) -> dict[str, float]:
         args = ["--upstream", upstream, "--max-tokens", str(MAX_TOKENS), "--run-dir", str(work / f"memory-{arm}")]
         with (
             ServeProcess(args, port=free_port(), log_path=work / f"proxy-{arm}.log") as px,
-            httpx.Client(base_url=px.url, timeout=60) as client,
+            httpx.Client(base_url=px.url, headers=px.headers, timeout=60) as client,
         ):
             assert px.proc is not None  # started by ``with``
             client.post("/rollouts/warm/v1/completions", json=body).raise_for_status()
             before = rss_mib(px.proc.pid)
             for i in range(calls):
-                client.post(f"/rollouts/mem-{i}/v1/completions", json=body).raise_for_status()
+                rollout = f"/rollouts/mem-{i}/v1/completions"
+                client.post(rollout, json=body, headers=px.rollout_headers(f"mem-{i}")).raise_for_status()
                 client.get(f"/rollouts/mem-{i}").raise_for_status()
                 if arm == "released":
                     client.delete(f"/rollouts/mem-{i}").raise_for_status()
@@ -137,28 +146,40 @@ def main() -> None:
         "temperature": 1.0,
         "top_p": 1.0,
         "top_k": -1,
-        "ignore_eos": True,
     }
     proxy_args = ["--max-tokens", str(MAX_TOKENS), "--run-dir", str(work / "journal")]
     rows = []
 
+    # Keys on, as in a run: vLLM takes its key (both arms pay for its check), the proxy its admin key and each
+    # rollout's token (the proxy arm sends the rollout's token).
+    admin_key = keys.new_key()
+    vllm_key = keys.vllm_key(admin_key)
     vllm = VLLMServer(
-        str(model), served_model_name=model.name, extra_args=["--enforce-eager"], log_path=work / "vllm.log"
+        str(model),
+        served_model_name=model.name,
+        extra_args=["--enforce-eager"],
+        log_path=work / "vllm.log",
+        api_key=vllm_key,
     )
     print(f"[bench] starting vLLM CPU with {model.name} (log {vllm.log_path})", flush=True)
     vllm.start()
     try:
         vllm.wait_healthy()
-        with ServeProcess(["--upstream", vllm.url, *proxy_args], port=free_port(), log_path=work / "proxy.log") as px:
+        os.environ[VLLM_KEY_ENV] = vllm_key  # read by the proxy (--upstream-api-key-env), not on a command line
+        upstream_args = ["--upstream", vllm.url, "--upstream-api-key-env", VLLM_KEY_ENV]
+        with ServeProcess(
+            [*upstream_args, *proxy_args], port=free_port(), log_path=work / "proxy.log", api_key=admin_key
+        ) as px:
             direct, proxied = f"{vllm.url}/v1/chat/completions", f"{px.url}/rollouts/bench/v1/chat/completions"
+            to_vllm, to_proxy = keys.bearer(vllm_key), px.rollout_headers("bench")
             # The third arm asks vLLM directly for what the proxy adds (token ids, logprobs): vLLM's share of the gap.
             arms = {
-                "direct": (direct, body),
-                "proxy": (proxied, body),
-                "extras": (direct, {**body, "logprobs": True, "return_token_ids": True}),
+                "direct": (direct, body, to_vllm),
+                "proxy": (proxied, body, to_proxy),
+                "extras": (direct, {**body, "logprobs": True, "return_token_ids": True}, to_vllm),
             }
-            for url, arm_body in arms.values():  # warm-up
-                asyncio.run(_round(url, 4, 8, arm_body))
+            for arm in arms.values():  # warm-up
+                asyncio.run(_round(arm, 4, 8))
             # One wave of `conc` requests per round, many short rounds: a drift of the machine favours no arm.
             for conc, rounds in ((1, 2), (8, 2), (32, 2)) if args.quick else ((1, 60), (8, 24), (32, 12)):
                 print(f"[bench] vLLM concurrency {conc}: {rounds} rounds x {conc} requests per arm", flush=True)
@@ -177,8 +198,11 @@ def main() -> None:
             ["--upstream", null_url, *proxy_args], port=free_port(), log_path=work / "proxy-null.log"
         ) as px:
             direct, proxied = f"{null_url}/v1/chat/completions", f"{px.url}/rollouts/bench/v1/chat/completions"
-            asyncio.run(_round(proxied, 4, 50, body))  # warm-up
-            null_arms = {"direct": (direct, body), "proxy": (proxied, body)}
+            null_arms: dict[str, Arm] = {
+                "direct": (direct, body, {}),
+                "proxy": (proxied, body, px.rollout_headers("bench")),
+            }
+            asyncio.run(_round(null_arms["proxy"], 4, 50))  # warm-up
             rounds = 2 if args.quick else 4
             for conc, requests in ((1, 100 if args.quick else 300), (32, 320 if args.quick else 960)):
                 print(f"[bench] null upstream concurrency {conc}", flush=True)

@@ -2,8 +2,10 @@
 
 1. per-rollout overhead (everything but waiting for the model): warm Aider workers vs the Aider CLI;
 2. workspace creation vs a full clone, on a real source tree (the installed ``transformers`` package made into
-   a git repository): a fresh copy (shared clone at the base commit) and a recycled one (a used copy moved to the
-   next task's base, cleaned and checked pristine: what ``RolloutRunner`` does after its first rollouts);
+   a git repository): a fresh agent copy (the task's tree checked out by our trusted git, and a ``.git`` of one
+   commit copied from the tree's seed: the first copy of a tree packs the seed), a recycled one (a used copy moved
+   to the next task's tree, cleaned, checked pristine, given a fresh ``.git``: what ``RolloutRunner`` does after
+   its first rollouts), and the grader's plain copy (shared clone at the base commit);
 3. rollouts/minute at 1, 8 and 16 concurrent warm agents when every model call takes a fixed 1 s.
 
 Run: ``python bench/rollouts.py`` (no arguments).
@@ -43,10 +45,14 @@ def model_seconds(outcome: RolloutOutcome) -> float:
     return sum(c["ended_at"] - c["started_at"] for c in outcome.trace)
 
 
-def overhead(runner: RolloutRunner, requests: list[RolloutRequest]) -> list[float]:
-    """Seconds of each rollout not spent waiting for the model (a new runner: fresh workspaces)."""
+def overhead(runner: RolloutRunner, requests: list[RolloutRequest]) -> list[RolloutOutcome]:
+    """The rollouts, run by a new runner (fresh workspaces)."""
     with runner:
-        return [o.timings["total_s"] - model_seconds(o) for o in runner.run(requests)]
+        return runner.run(requests)
+
+
+def seconds_outside_the_model(outcomes: list[RolloutOutcome]) -> list[float]:
+    return [o.timings["total_s"] - model_seconds(o) for o in outcomes]
 
 
 def main() -> None:
@@ -84,15 +90,22 @@ def main() -> None:
             # 1. overhead, CLI vs warm, alternating
             print("[bench] per-rollout overhead: Aider CLI vs warm workers", flush=True)
             overhead(runner(warm), [RolloutRequest("warmup", task, src, base)])
-            cli_s, warm_s = [], []
+            cli_s, warm_out = [], []
             for i in range(4):
-                cli_s += overhead(runner(AiderAgent()), [RolloutRequest(f"cli-{i}", task, src, base)])
-                warm_s += overhead(runner(warm), [RolloutRequest(f"warm-{i}", task, src, base)])
-            cli, wrm = statistics.median(cli_s), statistics.median(warm_s)
+                cli_s += seconds_outside_the_model(
+                    overhead(runner(AiderAgent()), [RolloutRequest(f"cli-{i}", task, src, base)])
+                )
+                warm_out += overhead(runner(warm), [RolloutRequest(f"warm-{i}", task, src, base)])
+            cli, wrm = statistics.median(cli_s), statistics.median(seconds_outside_the_model(warm_out))
             rows += [
                 ("overhead per rollout, Aider CLI", f"{cli:.3f} s"),
                 ("overhead per rollout, warm", f"{wrm:.3f} s"),
                 ("CLI / warm", f"{cli / wrm:.1f}x"),
+            ]
+            ws_s, diff_s = (statistics.median(o.timings[k] for o in warm_out) for k in ("workspace_s", "diff_s"))
+            rows += [
+                ("workspace_s per warm rollout (a fresh copy of 1 file)", f"{ws_s:.3f} s"),
+                ("diff_s per warm rollout", f"{diff_s:.3f} s"),
             ]
             targets += [
                 f"TARGET warm_overhead_s {wrm:.3f} 0.2 {'PASS' if wrm <= 0.2 else 'MISS'}",
@@ -134,30 +147,40 @@ def main() -> None:
     files = git("ls-files", cwd=repo).splitlines()
     # A second task on the same repository: its base differs in one file (as SWE-smith tasks do).
     other = with_patch(repo, head, OTHER_BASE)
-    pool = WorkspacePool(work / "pool", max_idle=1)
-    copy_s, recycle_s, clone_s = [], [], []
+    pool, fresh = WorkspacePool(work / "pool", max_idle=1), WorkspacePool(work / "fresh", max_idle=0)
+    copy_s, plain_s, recycle_s, patch_s, clone_s = [], [], [], [], []
     for i in range(3):
         t0 = time.monotonic()
-        with workspace(repo, head, work / "ws"):
+        with fresh.workspace(repo, head):
             copy_s.append(time.monotonic() - t0)
+        t0 = time.monotonic()
+        with workspace(repo, head, work / "plain"):
+            plain_s.append(time.monotonic() - t0)
         for commit in (head, other):  # an agent edits, then the copy moves to the next task's base
             t0 = time.monotonic()
             with pool.workspace(repo, commit) as ws:
                 recycle_s.append(time.monotonic() - t0)
                 (ws.repo / files[0]).write_text("edited by the agent\n")
                 (ws.repo / "new_file.py").write_text("x = 1\n")
-                patch_of(ws.repo, commit)
+                t0 = time.monotonic()
+                patch_of(ws)
+                patch_s.append(time.monotonic() - t0)
         target = work / f"full-{i}"
         t0 = time.monotonic()
         git("clone", "-q", "--no-local", repo, target, cwd=work)
         clone_s.append(time.monotonic() - t0)
         shutil.rmtree(target)
     pool.close()
-    copy, clone = statistics.median(copy_s), statistics.median(clone_s)
-    recycled = statistics.median(recycle_s[1:])  # the first one is the pool's fresh copy
+    fresh.close()
+    copy, clone = statistics.median(copy_s[1:]), statistics.median(clone_s)
+    recycled = statistics.median(recycle_s[2:])  # the first is the pool's fresh copy, the second packs a seed
     rows += [
-        (f"workspace, fresh copy (clone --shared + checkout), {len(files)} files", f"{copy:.2f} s"),
-        ("workspace, recycled copy (checkout --force + clean + pristine check)", f"{recycled:.3f} s"),
+        (f"workspace, fresh agent copy, first of its tree (seed packed), {len(files)} files", f"{copy_s[0]:.2f} s"),
+        ("workspace, fresh agent copy (seed there)", f"{copy:.2f} s"),
+        ("workspace, plain copy (the grader's: clone --shared + checkout)", f"{statistics.median(plain_s):.2f} s"),
+        ("workspace, recycled to a new tree (its seed packed, reusing the other's)", f"{recycle_s[1]:.3f} s"),
+        ("workspace, recycled copy (checkout --force + clean + pristine check + fresh .git)", f"{recycled:.3f} s"),
+        ("patch of a recycled copy (trusted add -A + diff)", f"{statistics.median(patch_s):.3f} s"),
         ("full clone (--no-local)", f"{clone:.2f} s"),
         ("fresh copy / full clone", f"{copy / clone:.2f}"),
         ("recycled copy / full clone", f"{recycled / clone:.3f}"),

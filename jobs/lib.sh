@@ -237,13 +237,13 @@ has_train_arg() {
   return 1
 }
 
-# The newest complete checkpoint-N (one with trainer_state.json) in DIR, or nothing (aitlrt/train.py resolves
-# `--resume_from_checkpoint true` the same way).
+# The newest complete checkpoint-N (one with a non-empty trainer_state.json) in DIR, or nothing (only logged:
+# aitlrt/train.py resolves `--resume_from_checkpoint true` itself, also passing over a state that does not parse).
 latest_checkpoint() {
   local dir=$1 best="" bestn=-1 c n
   for c in "$dir"/checkpoint-*; do
     n=${c##*-}
-    [[ $n =~ ^[0-9]+$ ]] && [ -f "$c/trainer_state.json" ] || continue
+    [[ $n =~ ^[0-9]+$ ]] && [ -s "$c/trainer_state.json" ] || continue
     if ((10#$n > bestn)); then bestn=$((10#$n)) best=$c; fi
   done
   if [ -n "$best" ]; then printf '%s\n' "$best"; fi
@@ -324,6 +324,26 @@ vllm_layout() {
 }
 
 # ---- supervision, signals, requeue -----------------------------------------------------------------------
+# ---- the admin key of aitlrt-serve (docs/serving.md#keys) ---------------------------------------------------
+# Exports AITLRT_API_KEY for every step from here on (aitlrt-serve and the trainer read it from their environment,
+# so that no command line shows it; the trainer takes it out of its own before any agent starts): the key in FILE
+# (a requeued job keeps its key), else a new one written there (mode 600), unless AITLRT_API_KEY is set already.
+use_api_key() {
+  local file=$1
+  if [ -n "${AITLRT_API_KEY:-}" ]; then
+    log "admin key of aitlrt-serve: \$AITLRT_API_KEY"
+  elif dry_run; then
+    log "would read the admin key of aitlrt-serve from $file, or write a new one there"
+    AITLRT_API_KEY=dry-run
+  else
+    mkdir -p "$(dirname "$file")"
+    [ -s "$file" ] || (umask 077 && od -An -vtx1 -N32 /dev/urandom | tr -d ' \n' >"$file")
+    AITLRT_API_KEY=$(<"$file")
+    log "admin key of aitlrt-serve: $file"
+  fi
+  export AITLRT_API_KEY
+}
+
 # Until GET URL/health answers 200: fails if PID dies first or after AITLRT_SERVE_TIMEOUT seconds.
 wait_healthy() {
   local url=$1 pid=$2 timeout=${AITLRT_SERVE_TIMEOUT:-1800} start=$SECONDS next=$SECONDS

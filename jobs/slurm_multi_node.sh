@@ -61,6 +61,7 @@ vllm_layout $((N_SERVE * GPUS)) "$GPUS" "$MODEL" "${SERVE_EXTRA[@]}"
 LOCAL_DP=$((GPUS / VLLM_TP))   # vLLM engines per serve node
 resume_args "$OUTPUT_DIR"
 install_traps
+use_api_key "$OUTPUT_DIR/serve/api_key"  # 0.0.0.0: every route takes a key
 dry_run || mkdir -p "$SYNC_DIR"
 log "nodes: vLLM on ${SERVE_NODES[*]} (TP $VLLM_TP x DP $VLLM_DP), training on ${TRAIN_NODES[*]} ($GPUS GPUs each); $CONCURRENCY agents per rank"
 

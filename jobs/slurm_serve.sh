@@ -3,7 +3,7 @@
 # Prints the URL once vLLM is healthy (also written to RUN_DIR/url) and serves until the job ends or is cancelled.
 #
 #   sbatch jobs/slurm_serve.sh --model Qwen/Qwen2.5-Coder-7B-Instruct --max-tokens 1024   # aitlrt-serve flags
-#   aitlrt eval --proxy http://NODE:PORT --checkpoint served --tasks tasks.jsonl          # from anywhere
+#   AITLRT_API_KEY=$(cat RUN_DIR/api_key) aitlrt eval --proxy http://NODE:PORT --checkpoint served --tasks tasks.jsonl
 #   bash jobs/slurm_serve.sh --dry-run --model bundled                                    # print the commands only
 #
 # Knobs, besides those of jobs/lib.sh (README, "Running on GPUs and SLURM clusters"):
@@ -48,11 +48,13 @@ PORT=$(serve_port)
 URL=http://$(hostname):$PORT
 RUN_DIR=$AITLRT_PROJECT_DIR/serve/$JOB_ID
 install_traps
+use_api_key "$RUN_DIR/api_key"  # 0.0.0.0: every route takes a key
 
 spawn "${WRAP[@]}" "$(bin aitlrt-serve)" "${MODEL_ARGS[@]}" --host 0.0.0.0 --port "$PORT" --run-dir "$RUN_DIR" \
   --tensor-parallel-size "$VLLM_TP" "${DP_ARGS[@]}" "${ARGS[@]}"
 SERVE_PID=$LAST_PID
 wait_healthy "$URL" "$SERVE_PID"
 dry_run || echo "$URL" >"$RUN_DIR/url"
-log "serving at $URL (vLLM TP $VLLM_TP x DP $VLLM_DP on $GPUS GPU(s)); e.g. aitlrt eval --proxy $URL --checkpoint served --tasks FILE"
+log "serving at $URL (vLLM TP $VLLM_TP x DP $VLLM_DP on $GPUS GPU(s)); admin key in $RUN_DIR/api_key; e.g." \
+  "AITLRT_API_KEY=\$(cat $RUN_DIR/api_key) aitlrt eval --proxy $URL --checkpoint served --tasks FILE"
 supervise aitlrt-serve "$SERVE_PID"

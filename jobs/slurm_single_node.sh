@@ -79,6 +79,7 @@ DP_ARGS=()
 ((VLLM_DP == 1)) || DP_ARGS=(--data-parallel-size "$VLLM_DP")
 resume_args "$OUTPUT_DIR"
 install_traps
+use_api_key "$OUTPUT_DIR/serve/api_key"
 dry_run || mkdir -p "$SYNC_DIR"
 log "GPUs: vLLM on $SERVE_DEVICES (TP $VLLM_TP x DP $VLLM_DP), training on $TRAIN_DEVICES; $CONCURRENCY agents per rank"
 

@@ -1,5 +1,6 @@
-"""The FastAPI app of ``aitlrt-serve``: one ``Proxy`` in ``app.state``, OpenAI-style errors, and the routers
-(model routes that record, trace routes, weight routes, the forced settings, health)."""
+"""The FastAPI app of ``aitlrt-serve``: one ``Proxy`` in ``app.state``, OpenAI-style errors, bounded bodies, and the
+routers (model routes that record, trace routes, weight routes, the forced settings, health); who may call which is
+in ``routes.deps``."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aitlrt_server.errors import ProxyError, error_response
+from aitlrt_server.limits import BodyLimit
 from aitlrt_server.proxy import Proxy
 from aitlrt_server.routes import health, models, traces, weights
 from aitlrt_server.routes import settings as settings_routes  # `settings` is create_app's argument
@@ -29,9 +31,18 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 def create_app(settings: ServeSettings) -> FastAPI:
-    # strict_content_type=False: an admin body sent without a Content-Type is still read as JSON.
-    app = FastAPI(title="aitlrt-serve", lifespan=_lifespan, strict_content_type=False)
+    # strict_content_type=False: an admin body sent without a Content-Type is still read as JSON. No /docs, /redoc
+    # or /openapi.json: a map of the admin routes is of use to no agent.
+    app = FastAPI(
+        title="aitlrt-serve",
+        lifespan=_lifespan,
+        strict_content_type=False,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
     app.state.proxy = Proxy(settings)
+    app.add_middleware(BodyLimit, limit=settings.max_admin_body_bytes)
 
     @app.exception_handler(ProxyError)
     async def _proxy_error(request: Request, exc: ProxyError) -> JSONResponse:
@@ -40,7 +51,7 @@ def create_app(settings: ServeSettings) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = f"no route {request.method} {request.url.path}" if exc.status_code in (404, 405) else exc.detail
-        return error_response(exc.status_code, str(message))
+        return error_response(exc.status_code, str(message), "request_too_large" if exc.status_code == 413 else None)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:

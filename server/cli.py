@@ -14,6 +14,7 @@ from pathlib import Path
 
 import uvicorn
 
+from aitlrt.common import keys
 from aitlrt.common.logs import setup_logging
 from aitlrt.common.procs import exit_on_sigterm
 from aitlrt_server.app import create_app
@@ -40,7 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--upstream", default=None, help="attach to a running vLLM server at this URL instead")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (plain /v1: KEY:ROLLOUT_ID)")
+    p.add_argument(
+        "--api-key-file",
+        type=Path,
+        default=None,
+        help=f"the admin key's file, read, or written (mode 600) with a new key if it does not exist (default: "
+        f"RUN_DIR/api_key); ${keys.ENV} overrides it. Agents get per-rollout tokens (docs/serving.md)",
+    )
+    p.add_argument("--api-key", help=argparse.SUPPRESS)  # refused: see admin_key
     u = p.add_argument_group("an upstream that is not vLLM (with --upstream), e.g. a hosted teacher model")
     u.add_argument(
         "--no-token-ids",
@@ -86,6 +94,33 @@ def sampling_from_args(args: argparse.Namespace) -> dict:
     return sampling
 
 
+def admin_key(args: argparse.Namespace) -> str:
+    """The admin key: ``$AITLRT_API_KEY``, else the key file's, else a new one written to the key file (mode 600):
+    there is no server without a key, wherever it binds (the policy's code runs on this machine)."""
+    if args.api_key is not None:
+        raise SystemExit(
+            f"aitlrt-serve: --api-key is gone (a command line is visible to every process): set ${keys.ENV} or "
+            "write the key to a file for --api-key-file"
+        )
+    if key := keys.env_key():
+        log.info("admin key: from $%s", keys.ENV)
+        return key
+    path: Path = args.api_key_file or args.run_dir / "api_key"
+    try:
+        key = path.read_text().strip()
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        key = keys.new_key()
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write(key + "\n")
+        log.info("admin key: new, written to %s (send it as 'Authorization: Bearer KEY' on admin routes)", path)
+        return key
+    if not key:
+        raise SystemExit(f"aitlrt-serve: the key file {path} is empty")
+    log.info("admin key: read from %s", path)
+    return key
+
+
 def _watch(server: VLLMServer) -> None:
     code = server.proc.wait()
     if not server.stopping:
@@ -102,6 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     server = None
     if (args.no_token_ids or args.upstream_api_key_env) and not args.upstream:
         raise SystemExit("aitlrt-serve: --no-token-ids and --upstream-api-key-env go with --upstream")
+    api_key = admin_key(args)
     upstream_key = None
     if args.upstream_api_key_env:
         upstream_key = os.environ.get(args.upstream_api_key_env)
@@ -117,7 +153,15 @@ def main(argv: list[str] | None = None) -> None:
         model = resolve_model(args.model or "bundled")
         name = args.served_model_name or (Path(model).name if Path(model).is_dir() else None)
         log_path = args.vllm_log or (run_dir or Path(".")) / "vllm.log"
-        server = VLLMServer(model, served_model_name=name, port=args.vllm_port, extra_args=vllm_args, log_path=log_path)
+        upstream_key = keys.vllm_key(api_key)  # vLLM's own key: the proxy sends it, agents never see it
+        server = VLLMServer(
+            model,
+            served_model_name=name,
+            port=args.vllm_port,
+            extra_args=vllm_args,
+            log_path=log_path,
+            api_key=upstream_key,
+        )
         log.info("starting vLLM: %s", " ".join(server.command()))
         server.start()
         upstream = server.url
@@ -128,9 +172,9 @@ def main(argv: list[str] | None = None) -> None:
             threading.Thread(target=_watch, args=(server,), daemon=True).start()
         settings = ServeSettings(
             upstream=upstream,
+            api_key=api_key,
             sampling=sampling_from_args(args),
             run_dir=run_dir,
-            api_key=args.api_key,
             upstream_api_key=upstream_key,
             token_ids=not args.no_token_ids,
             request_timeout_s=args.request_timeout,

@@ -14,19 +14,45 @@ from aitlrt_server.errors import ProxyError
 
 Endpoint = Literal["chat", "completions"]
 
-# Parameters that change the sampling distribution: the run's value wins; absent from the run, the
-# agent's value is dropped so vLLM's neutral default applies (the trainer must see one distribution).
-SAMPLING_KEYS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-    "logit_bias",
-    "max_tokens",
-)
+# Only the fields in _PASSED reach vLLM (besides the run's sampling, the length cap and what we ask for); any other
+# field is dropped, so that nothing unknown to this list reaches vLLM, whatever a later vLLM makes of it. Among the
+# dropped: the agent's sampling parameters (temperature, top_p, top_k, min_p, penalties, logit_bias), replaced by the
+# run's or by vLLM's neutral default (the trainer must see one distribution); agents send them without meaning harm
+# (Aider sends temperature 0 to unknown models), so they are dropped, not refused.
+LENGTH_KEYS = ("max_completion_tokens", "max_tokens")
+"""The agent's length cap (the first present), honoured up to the run's ``max_tokens``: truncation leaves the
+distribution of the tokens sampled as it was."""
+_PASSED = {
+    "common": {"model", "stream", "stream_options", "stop", "seed", "logprobs"},
+    "chat": {"messages", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "response_format"},
+    "completions": {"prompt"},
+}
+# Fields that would change the sampling distribution away from the run's, or the shape of a call (the prompt's
+# logprobs, an echo), refused with a 400 naming them: an agent that sends one means it, and must learn that this
+# server cannot honour it rather than get samples it did not ask for.
+REFUSED = {
+    "use_beam_search": "beam search is not sampling",
+    "allowed_token_ids": "it masks the vocabulary",
+    "bad_words": "it masks the vocabulary",
+    "logits_processors": "it changes the logits",
+    "min_tokens": "it masks the end of the answer",
+    "ignore_eos": "it masks the end of the answer",
+    "stop_token_ids": "it changes where answers end",
+    "structured_outputs": "structured outputs constrain the sampling",
+    "guided_json": "guided decoding constrains the sampling",
+    "guided_regex": "guided decoding constrains the sampling",
+    "guided_choice": "guided decoding constrains the sampling",
+    "guided_grammar": "guided decoding constrains the sampling",
+    "guided_decoding_backend": "guided decoding constrains the sampling",
+    "guided_whitespace_pattern": "guided decoding constrains the sampling",
+    "prompt_logprobs": "the prompt's logprobs are the trainer's (POST /weights/probe)",
+    "vllm_xargs": "vLLM's free-form arguments could change anything",
+    "echo": "the answer must be the sampled tokens only",
+    "suffix": "the prompt must be the recorded one",
+}
+_FREE_TOOL_CHOICES = ("auto", "none")
+
+
 # Fields vLLM adds for us; removed from what the agent receives.
 _TOP_LEVEL_EXTRAS = ("prompt_token_ids", "prompt_text", "prompt_logprobs", "kv_transfer_params", "ec_transfer_params")
 _CHOICE_EXTRAS = ("token_ids", "prompt_token_ids", "prompt_logprobs", "routed_experts")
@@ -38,6 +64,45 @@ class AgentAsked:
 
     logprobs: bool
     usage_in_stream: bool
+
+
+def _refuse(param: str, why: str) -> ProxyError:
+    message = f"'{param}' is not accepted: {why} (docs/serving.md)"
+    return ProxyError(400, message, code="unsupported_parameter", param=param)
+
+
+def _check_fields(body: dict[str, Any], endpoint: Endpoint) -> None:
+    """400 for a refused field (``REFUSED``), a tool choice or response format that constrains the sampling, and
+    anything but one prompt."""
+    for name, why in REFUSED.items():
+        if body.get(name):  # absent, false, 0 or empty: the neutral value, dropped
+            raise _refuse(name, why)
+    if body.get("n", 1) != 1 or body.get("best_of", 1) != 1:
+        raise ProxyError(400, "only n=1 is supported: each call is one step of one rollout", param="n")
+    choice = body.get("tool_choice")
+    if choice is not None and choice not in _FREE_TOOL_CHOICES:
+        raise _refuse("tool_choice", "a forced tool call is guided decoding, which constrains the sampling")
+    response_format = body.get("response_format")
+    if response_format is not None and (not isinstance(response_format, dict) or response_format.get("type") != "text"):
+        raise _refuse("response_format", "structured outputs constrain the sampling (only {'type': 'text'})")
+    if endpoint == "completions":
+        prompt = body.get("prompt")
+        one = isinstance(prompt, str) or (
+            isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+        )
+        if not one or not prompt:
+            raise ProxyError(400, "'prompt' is required: one string or one list of token ids", param="prompt")
+
+
+def _length_cap(body: dict[str, Any], run_cap: int | None) -> int | None:
+    """The ``max_tokens`` sent to vLLM: the agent's (``LENGTH_KEYS``), at most the run's; None: neither set one."""
+    name = next((k for k in LENGTH_KEYS if body.get(k) is not None), None)
+    if name is None:
+        return run_cap
+    asked = body[name]
+    if not isinstance(asked, int) or isinstance(asked, bool) or asked < 1:
+        raise ProxyError(400, f"'{name}' must be a positive integer", param=name)
+    return asked if run_cap is None else min(asked, run_cap)
 
 
 def prepare_request(
@@ -53,17 +118,17 @@ def prepare_request(
             raise ProxyError(400, "'messages' is required and must be a non-empty list", param="messages")
         if not all(isinstance(m, dict) and "role" in m for m in messages):
             raise ProxyError(400, "every message must be an object with a 'role'", param="messages")
-    elif not isinstance(body.get("prompt"), str | list) or not body.get("prompt"):
-        raise ProxyError(400, "'prompt' is required: a string or a list of token ids", param="prompt")
-    if body.get("n", 1) != 1 or body.get("best_of", 1) != 1:
-        raise ProxyError(400, "only n=1 is supported: each call is one step of one rollout", param="n")
+    _check_fields(body, endpoint)
 
     asked_logprobs = bool(body.get("logprobs")) if endpoint == "chat" else body.get("logprobs") is not None
     stream_options = body.get("stream_options") or {}
     asked = AgentAsked(asked_logprobs, bool(stream_options.get("include_usage")))
 
-    out = {k: v for k, v in body.items() if k not in SAMPLING_KEYS and k != "max_completion_tokens"}
-    out.update(sampling)
+    passed = _PASSED["common"] | _PASSED[endpoint]
+    out = {k: v for k, v in body.items() if k in passed}
+    out.update({k: v for k, v in sampling.items() if k != "max_tokens"})
+    if (cap := _length_cap(body, sampling.get("max_tokens"))) is not None:
+        out["max_tokens"] = cap
     out["model"] = model
     if token_ids:
         out["return_token_ids"] = True
@@ -204,7 +269,7 @@ def build_record(
     rollout_id: str,
     call_index: int,
     endpoint: Endpoint,
-    request: dict[str, Any],
+    request: dict[str, Any] | None,
     output: CallOutput | None,
     weight_version: int,
     started_at: float,

@@ -10,6 +10,7 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 import aiohttp
+from aiohttp.http_exceptions import LineTooLong
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -26,6 +27,7 @@ from aitlrt_server.exchange import (
     prepare_request,
     strip_response,
 )
+from aitlrt_server.limits import read_body
 from aitlrt_server.metrics import ProxyMetrics
 from aitlrt_server.settings import ServeSettings
 from aitlrt_server.store import Life, TraceStore
@@ -203,7 +205,7 @@ class Proxy:
         if limit is not None and index >= limit:
             # 400, not 429 or 403: Aider (litellm) retries those for over a minute; this refusal is final.
             message = f"rollout {rollout_id!r} reached its limit of {limit} model calls"
-            refused = _Call(self, rollout_id, (index, life), endpoint, upstream_body, self.gate.version, tag)
+            refused = _Call(self, rollout_id, (index, life), endpoint, None, self.gate.version, tag)  # no body kept
             refused.finish(None, 400, message, "call_limit")
             raise ProxyError(400, message, code="call_limit")
         stack = AsyncExitStack()
@@ -268,7 +270,11 @@ class Proxy:
             except (aiohttp.ClientError, TimeoutError) as exc:
                 err = self._upstream_error(exc)
                 status, error, code = err.status, f"stream broken: {err.message}", err.code
-                yield b"data: " + json.dumps(error_body(err.status, error, err.code)).encode() + b"\n\n"
+                yield _error_event(status, error, code)
+            except (LineTooLong, ValueError) as exc:  # over aiohttp's line limit (2 x read_bufsize), or not UTF-8 JSON
+                status, code = 502, "upstream_bad_stream"
+                error = f"stream broken: vLLM sent a line that cannot be read ({str(exc)[:200]})"
+                yield _error_event(status, error, code)
             finally:
                 call.finish(acc.result(), status, error, code)
                 await stack.aclose()
@@ -285,11 +291,12 @@ class _Call:
         rollout_id: str,
         slot: tuple[int, Life],
         endpoint: Endpoint,
-        request: dict[str, Any],
+        request: dict[str, Any] | None,
         version: int,
         tag: str | None,
     ) -> None:
-        """``slot``: the call's index and its rollout's life (``TraceStore.start_call``)."""
+        """``slot``: the call's index and its rollout's life (``TraceStore.start_call``); ``request``: the body sent
+        to vLLM (None for a call refused before)."""
         self.proxy, self.rollout_id, self.endpoint = proxy, rollout_id, endpoint
         self.index, self.life = slot
         self.request, self.version, self.tag = request, version, tag
@@ -337,14 +344,15 @@ class _Call:
         return JSONResponse(body, status_code=status)
 
 
+def _error_event(status: int, message: str, code: str | None) -> bytes:
+    """An OpenAI-style error as one server-sent event (a stream that broke after its 200)."""
+    return b"data: " + json.dumps(error_body(status, message, code)).encode() + b"\n\n"
+
+
 async def _json_body(request: Request, max_bytes: int) -> dict[str, Any]:
     """A model call's JSON object body, parsed as is (whatever its content type), or an OpenAI-style 400 (413 over
-    ``max_bytes``)."""
-    raw = await request.body()
-    if len(raw) > max_bytes:
-        raise ProxyError(
-            413, f"request body of {len(raw)} bytes exceeds the limit of {max_bytes} bytes", code="request_too_large"
-        )
+    ``max_bytes``, known before or while it is read)."""
+    raw = await read_body(request, max_bytes)
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

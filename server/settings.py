@@ -11,16 +11,20 @@ from typing import Any
 class ServeSettings:
     upstream: str
     """Base URL of the vLLM OpenAI server, e.g. ``http://127.0.0.1:8001``."""
+    api_key: str
+    """The admin key: every route; agents get rollout tokens derived from it (``aitlrt.common.keys``)."""
     sampling: dict[str, Any] = field(default_factory=lambda: {"temperature": 1.0, "top_p": 1.0, "top_k": -1})
     """The run's sampling parameters, forced on every call."""
     run_dir: Path | None = None
     """Where the append-only call journal lives; None keeps records in memory only."""
-    api_key: str | None = None
     upstream_api_key: str | None = None
     """Sent upstream as ``Authorization: Bearer KEY`` (a hosted OpenAI-compatible API)."""
     token_ids: bool = True
     """Ask the upstream for vLLM's token ids and logprobs; False for any other OpenAI-compatible API (a teacher):
     calls are then recorded with their messages and text only."""
     max_body_bytes: int = 16 * 2**20
+    """A model call's body, at most."""
+    max_admin_body_bytes: int = 2**20
+    """An admin route's body, at most (a probe of 4,096 token ids is ~30 KB)."""
     request_timeout_s: float = 600.0
     drain_timeout_s: float = 600.0

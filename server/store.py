@@ -1,5 +1,6 @@
 """Per-rollout call records: in memory for the trainer, and in an append-only JSONL journal that
-survives a proxy crash (reloaded on start; a torn last line is skipped)."""
+survives a proxy crash (reloaded on start: a line that is not a record, such as a torn last line, is skipped with a
+warning, and the next record starts on a line of its own)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,21 @@ def valid_rollout_id(rollout_id: str) -> bool:
     return bool(ROLLOUT_ID_RE.match(rollout_id)) and rollout_id not in {".", ".."}
 
 
+def _entry(line: bytes) -> dict[str, Any] | None:
+    """A journal line as its entry (a call record or a ``{"deleted": id}`` tombstone); None if it is neither."""
+    try:
+        entry = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(entry, dict):
+        return None
+    if "deleted" in entry:
+        return entry if isinstance(entry["deleted"], str) else None
+    rid, index = entry.get("rollout_id"), entry.get("call_index")
+    valid = isinstance(rid, str) and isinstance(index, int) and not isinstance(index, bool)
+    return entry if valid else None
+
+
 class TraceStore:
     """Records of every proxied call, grouped by rollout id.
 
@@ -49,25 +65,34 @@ class TraceStore:
         if run_dir is not None:
             run_dir.mkdir(parents=True, exist_ok=True)
             path = run_dir / JOURNAL_NAME
-            if path.exists():
-                self._replay(path)
+            torn = path.exists() and self._replay(path)
             self._journal = open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the store
+            if torn:  # else the next record would be glued onto the torn line and lost with it at the next reload
+                self._journal.write("\n")
+                self._journal.flush()
 
-    def _replay(self, path: Path) -> None:
-        loaded = 0
-        with open(path, encoding="utf-8") as f:
+    def _replay(self, path: Path) -> bool:
+        """Reload the journal at ``path``, skipping (with one warning) the lines that are not records; whether its
+        last line lacks its newline (a torn write)."""
+        loaded, line = 0, b"\n"
+        skipped: list[int] = []
+        with open(path, "rb") as f:
             for lineno, line in enumerate(f, 1):
-                try:
-                    entry = json.loads(line)
-                except json.JSONDecodeError:
-                    log.warning("journal %s: skipping unreadable line %d (torn write?)", path, lineno)
+                if not line.strip():
                     continue
-                if "deleted" in entry:
+                entry = _entry(line)
+                if entry is None:
+                    skipped.append(lineno)
+                elif "deleted" in entry:
                     self._drop(entry["deleted"])
                 else:
                     self._add(entry)
                     loaded += 1
+        if skipped:
+            log.warning("journal %s: skipped %d line(s) that are not records (torn writes?): line %s",
+                        path, len(skipped), ", ".join(map(str, skipped[:10])))  # fmt: skip
         log.info("journal %s: reloaded %d calls of %d rollouts", path, loaded, len(self._records))
+        return not line.endswith(b"\n")
 
     def start_call(self, rollout_id: str) -> tuple[int, Life]:
         """The next call's index in ``rollout_id`` and the rollout's current ``Life`` (a new one after a delete), so

@@ -68,13 +68,17 @@ class VLLMServer:
         extra_args: list[str] | None = None,
         python: str = sys.executable,
         log_path: Path | None = None,
+        api_key: str | None = None,
     ) -> None:
+        """``api_key``: vLLM's ``--api-key`` (passed in its environment, out of sight of ``ps``); vLLM 0.32 checks it
+        on ``/v1`` and a few other prefixes only, not on its dev-mode routes (``/collective_rpc``, ``/pause``...)."""
         self.model = model
         self.served_model_name = served_model_name
         self.host = host
         self.port = port or free_port(host)
         self.extra_args = list(extra_args or ())
         self.python = python
+        self.api_key = api_key
         self.log_path = log_path or Path(f"vllm-{self.port}.log")
         self.proc: subprocess.Popen | None = None
         """The guard: vLLM's exit status is its own, its pid the group's; see ``_guard``."""
@@ -111,6 +115,8 @@ class VLLMServer:
             env.update(cpu_thread_binding(env))
         env.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
+        if self.api_key:
+            env["VLLM_API_KEY"] = self.api_key
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         read_end, self._lifeline = os.pipe()  # not inherited: only this process holds the write end
         try:

@@ -36,9 +36,11 @@ class WeightGate:
     @asynccontextmanager
     async def generation(self, wait_s: float) -> AsyncIterator[int]:
         """Enter for one call (waiting while paused); yields the weight version the call runs under."""
-        if not self._open.is_set():
+        deadline = asyncio.get_running_loop().time() + wait_s
+        # A loop, not one wait: a call woken by a resume runs later than the resume, and a pause may come between.
+        while not self._open.is_set():
             try:
-                await asyncio.wait_for(self._open.wait(), wait_s)
+                await asyncio.wait_for(self._open.wait(), deadline - asyncio.get_running_loop().time())
             except TimeoutError:
                 raise ProxyError(503, f"weights are being updated; still paused after {wait_s:.0f}s") from None
         self._inflight += 1

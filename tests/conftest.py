@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from aitlrt.common import keys
 from aitlrt.common.model import prepare_bundled_model
 from aitlrt.common.procs import free_port, wait_http
 from aitlrt.serving.process import ServeProcess
@@ -28,6 +29,16 @@ class Served:
     run_dir: Path
     vllm_log: Path
     model_dir: Path
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """An admin call's headers."""
+        return admin(self.url)
+
+    @property
+    def vllm_headers(self) -> dict[str, str]:
+        """A call's headers straight to vLLM (its key, derived from the admin key)."""
+        return keys.bearer(keys.vllm_key(keys.admin_key(self.url) or ""))
 
 
 @pytest.fixture(scope="session")
@@ -106,7 +117,8 @@ def make_repo(tmp_path: Path) -> Callable[..., Path]:
 def restore_weights(served: Served) -> Iterator[None]:
     """Put the served model's original weights back after a test that syncs trained ones into the server."""
     yield
-    httpx.post(f"{served.url}/weights/reload", json={"path": str(served.model_dir)}, timeout=300).raise_for_status()
+    original = {"path": str(served.model_dir)}
+    httpx.post(f"{served.url}/weights/reload", json=original, headers=served.headers, timeout=300).raise_for_status()
 
 
 def httpx_down(url: str) -> bool:
@@ -162,12 +174,31 @@ def alive(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] != "Z"
 
 
+def admin(url: str) -> dict[str, str]:
+    """The headers of an admin call to the server at ``url`` (one the tests started)."""
+    return keys.admin_headers(url)
+
+
+def token(url: str, rollout: str) -> dict[str, str]:
+    """The headers of a model call of ``rollout`` with its own token, as its agent sends them."""
+    return keys.bearer(keys.rollout_token(keys.admin_key(url) or "", rollout))
+
+
+def keyed_env(url: str) -> dict[str, str]:
+    """The environment of a client process of the server at ``url`` (a trainer, ``aitlrt eval --proxy``): its admin
+    key in ``$AITLRT_API_KEY``, as a jobscript passes it."""
+    return {**os.environ, keys.ENV: keys.admin_key(url) or ""}
+
+
 def chat(url: str, rollout: str, content: str, **extra) -> httpx.Response:
+    """A model call of ``rollout`` with its own token."""
     body = {"model": "whatever", "messages": [{"role": "user", "content": content}], **extra}
-    return httpx.post(f"{url}/rollouts/{rollout}/v1/chat/completions", json=body, timeout=300)
+    return httpx.post(
+        f"{url}/rollouts/{rollout}/v1/chat/completions", json=body, headers=token(url, rollout), timeout=300
+    )
 
 
 def trace(url: str, rollout: str) -> list[dict]:
-    resp = httpx.get(f"{url}/rollouts/{rollout}", timeout=30)
+    resp = httpx.get(f"{url}/rollouts/{rollout}", headers=admin(url), timeout=30)
     assert resp.status_code == 200, resp.text
     return resp.json()["calls"]

@@ -7,11 +7,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from aitlrt.common.keys import env_key
 from aitlrt.common.procs import exit_on_sigterm
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    env_key()  # $AITLRT_API_KEY (a server started elsewhere) is taken out of the environment before any child starts
     exit_on_sigterm()  # run the `finally`s that stop child servers and agents
     if argv[:1] == ["train"]:
         from aitlrt.train import main as train_main

@@ -35,7 +35,11 @@ def add_parser(verbs: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument("--checkpoint", default="bundled", help="weights folder (or 'bundled'); with --proxy: 'served'")
     p.add_argument("--compare", default=None, help="a second weights folder, evaluated the same way")
-    p.add_argument("--proxy", default=None, help="a running aitlrt-serve (default: start one on --checkpoint)")
+    p.add_argument(
+        "--proxy",
+        default=None,
+        help="a running aitlrt-serve, its admin key in $AITLRT_API_KEY (default: start one on --checkpoint)",
+    )
     p.add_argument(
         "--rewards",
         default=REWARDS,

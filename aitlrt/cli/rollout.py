@@ -66,7 +66,9 @@ def add_parser(verbs: argparse._SubParsersAction) -> None:
     p = verbs.add_parser("rollout", help="run agents on tasks via aitlrt-serve (no training), with a summary")
     add_rollout_arguments(p)
     p.add_argument("--rewards", default="", help="comma-separated built-in rewards to score rollouts with")
-    p.add_argument("--proxy", default="http://127.0.0.1:8000", help="aitlrt-serve URL")
+    p.add_argument(
+        "--proxy", default="http://127.0.0.1:8000", help="aitlrt-serve URL (its admin key in $AITLRT_API_KEY)"
+    )
     p.add_argument("--model", default=None, help="served model name (default: the proxy's first)")
     p.add_argument("--out", type=Path, default=None, help="write outcomes with traces as JSON lines")
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from aitlrt.common.keys import admin_headers
 from aitlrt.common.model import resolve_model
 from aitlrt.evaluation.scoring import (
     paired,
@@ -106,7 +107,9 @@ def evaluate(
             if label != loaded:
                 path = resolve_model(label)
                 log.info("loading %s into the server", path)
-                httpx.post(f"{proxy}/weights/reload", json={"path": str(path)}, timeout=600).raise_for_status()
+                reload = {"path": str(path)}
+                headers = admin_headers(proxy)
+                httpx.post(f"{proxy}/weights/reload", json=reload, headers=headers, timeout=600).raise_for_status()
                 loaded = label
             batch = run_batch(prepared, proxy, settings, on_progress=on_progress)
             scores = score_batch(rewards, batch)

@@ -32,17 +32,24 @@ def summarise(
     """Mean of each reward, the edit rate (share of rollouts whose edit left a non-empty patch), with ``weights``
     the mean weighted reward (``reward``) and its standard error (``reward_se``: two checkpoints whose rewards
     differ by less than ~2x their errors combined cannot be told apart), the mean calls and completion tokens per
-    rollout, and the share of ``ok`` rollouts. The resolve rate is ``tests_pass``'s mean."""
-    out = {name: statistics.fmean(values) for name, values in rewards.items()}
+    rollout, and the share of ``ok`` rollouts. The resolve rate is ``tests_pass``'s mean. NaN values (a grade that
+    failed on the grader's side, a reward function that raised) are left out of the means (NaN when all are)."""
+    out = {name: _mean(values) for name, values in rewards.items()}
     out["edit_rate"] = statistics.fmean(bool(o.patch.strip()) for o in batch.outcomes)
     if weights:
-        per_rollout = weighted_rewards(rewards, weights)
-        out["reward"] = statistics.fmean(per_rollout)
+        per_rollout = [v for v in weighted_rewards(rewards, weights) if not math.isnan(v)]
+        out["reward"] = _mean(per_rollout)
         out["reward_se"] = statistics.stdev(per_rollout) / math.sqrt(len(per_rollout)) if len(per_rollout) > 1 else 0.0
     out["calls"] = statistics.fmean(o.calls for o in batch.outcomes)
     out["completion_tokens"] = statistics.fmean(o.completion_tokens for o in batch.outcomes)
     out["status_ok"] = statistics.fmean(o.status == "ok" for o in batch.outcomes)
     return out
+
+
+def _mean(values: Sequence[float]) -> float:
+    """The mean of the values that are not NaN; NaN if none is."""
+    kept = [v for v in values if not math.isnan(v)]
+    return statistics.fmean(kept) if kept else math.nan
 
 
 def weighted_rewards(rewards: Mapping[str, Sequence[float]], weights: Mapping[str, float]) -> list[float]:
@@ -64,10 +71,11 @@ def paired(before: Batch, after: Batch) -> bool:
 
 def paired_difference(before: Sequence[float], after: Sequence[float]) -> tuple[float, float]:
     """Mean of ``after[i] - before[i]`` and its standard error: with paired rollouts (``paired``) the sampling noise
-    the two share cancels, so this error is smaller than the unpaired one of two independent means."""
-    diffs = [a - b for a, b in zip(after, before, strict=True)]
+    the two share cancels, so this error is smaller than the unpaired one of two independent means. A pair with a
+    NaN side (unscorable) is left out."""
+    diffs = [a - b for a, b in zip(after, before, strict=True) if not math.isnan(a - b)]
     se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0
-    return statistics.fmean(diffs), se
+    return _mean(diffs), se
 
 
 def same_patch_share(before: Batch, after: Batch) -> float:

@@ -10,7 +10,10 @@ similarity) and every one is bounded by a timeout: a reward never blocks a step 
 agent failed (timeout, crash, agent error) scores 0 everywhere, without grading. In training, a rollout that failed
 outside the policy (``aitlrt.rollout.runner.infrastructure_failure``: ``agent_error``, or ``crashed`` before any
 answered call) is unscorable instead: the trainer makes all its rewards NaN, whatever the functions returned, so
-it leaves its group's baseline; here (evaluation, ``aitlrt rollout --rewards``) it stays a 0.
+it leaves its group's baseline; here (evaluation, ``aitlrt rollout --rewards``) it stays a 0. A grade that failed on
+the grader's side (``GRADER_FAILURES``: the test environment, the task's test patch, the sandbox, the task row) says
+nothing of the patch: the functions that grade return NaN for it, which makes the rollout unscorable in training
+(the trainer treats any NaN reward so); tests that time out stay the patch's fault (0).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import logging
+import math
 import multiprocessing
 import os
 import re
@@ -37,6 +41,8 @@ from aitlrt.tasks.task import Task, TaskError, task_from_row
 log = logging.getLogger(__name__)
 
 FAILED_ROLLOUT = ("timeout", "agent_error", "crashed")
+GRADER_FAILURES = ("env_failed", "test_patch_failed", "grader_error", "bad_task")
+"""Grade statuses that are the grader's failure, not the patch's: the rewards that grade are NaN (unscorable)."""
 SIMILARITY_TIMEOUT_S = 60.0
 GRADE_TIMEOUT_S = 600.0
 APPLY_TIMEOUT_S = 60.0
@@ -134,10 +140,15 @@ _grades: dict[tuple[str, str], Future[Grade]] = {}
 _grades_lock = threading.Lock()
 
 
+def _grade_key(task: Task, patch: str) -> tuple[str, str]:
+    return task.instance_id, hashlib.sha256(patch.encode()).hexdigest()
+
+
 def grade_cached(task: Task, patch: str, timeout: float = GRADE_TIMEOUT_S) -> Grade:
     """``grade`` memoised per (task, patch), so the rewards that grade (``GRADED``) run the tests once; a caller
-    that finds the same grade already running (``EarlyGrader``) waits for it instead of running it again."""
-    key = (task.instance_id, hashlib.sha256(patch.encode()).hexdigest())
+    that finds the same grade already running (``EarlyGrader``) waits for it instead of running it again. An
+    exception of the grader becomes a ``grader_error`` grade (logged), memoised like any grade."""
+    key = _grade_key(task, patch)
     with _grades_lock:
         pending = _grades.get(key)
         owner = pending is None
@@ -147,13 +158,36 @@ def grade_cached(task: Task, patch: str, timeout: float = GRADE_TIMEOUT_S) -> Gr
             pending = _grades[key] = Future()
     if owner:
         try:
-            pending.set_result(grade(task, patch, timeout))
-        except BaseException as exc:  # not memoised: the next caller tries again and sees the error itself
+            result = grade(task, patch, timeout)
+        except Exception as exc:
+            log.warning("%s: the grader failed: %s: %s", task.instance_id, type(exc).__name__, exc, exc_info=exc)
+            result = Grade("grader_error", reason=f"{type(exc).__name__}: {exc}")
+        except BaseException as exc:  # interrupted: not memoised, the next caller tries again
             with _grades_lock:
                 _grades.pop(key, None)
             pending.set_exception(exc)
             raise
+        pending.set_result(result)
     return pending.result()
+
+
+def grader_failure(row: dict[str, Any]) -> str:
+    """``grade STATUS: reason`` when the grade already made of ``row`` (``reward_row``) failed on the grader's side
+    (``GRADER_FAILURES``), else "" (also when it was not graded, or is still running)."""
+    task = None if _failed(row) else _task(row)
+    if task is None:
+        return "" if _failed(row) else "grade bad_task: the row is not a valid task"
+    with _grades_lock:
+        pending = _grades.get(_grade_key(task, row["agent_patch"] or ""))
+    if pending is None or not pending.done() or pending.exception() is not None:
+        return ""
+    g = pending.result()
+    return f"grade {g.status}: {g.reason}" if g.status in GRADER_FAILURES else ""
+
+
+def _scored(g: Grade, value: float) -> float:
+    """``value``, or NaN (unscorable) where grading failed on the grader's side."""
+    return math.nan if g.status in GRADER_FAILURES else value
 
 
 def grade_row(row: dict[str, Any]) -> Grade:
@@ -174,8 +208,8 @@ def grade_rollouts(kwargs: dict[str, Any], workers: int | None = None) -> list[G
 
 class EarlyGrader:
     """Grades each rollout in the background as soon as it ends, while the other agents still run, so that the
-    rewards that grade (``GRADED``) find its grade done (or running) when the batch is scored. A failure
-    here is not kept: the reward call grades again and reports it."""
+    rewards that grade (``GRADED``) find its grade done (or running) when the batch is scored; a grader that raises
+    leaves a ``grader_error`` grade (``grade_cached``)."""
 
     def __init__(self, workers: int | None = None) -> None:
         self._pool = ThreadPoolExecutor(workers or min(4, usable_cores()), thread_name_prefix="grade")
@@ -188,13 +222,15 @@ class EarlyGrader:
 
 
 def tests_pass(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:
-    """1 when every FAIL_TO_PASS test passes and no PASS_TO_PASS test breaks with the agent's patch applied."""
-    return [float(g.resolved) for g in grade_rollouts(kwargs)]
+    """1 when every FAIL_TO_PASS test passes and no PASS_TO_PASS test breaks with the agent's patch applied (NaN:
+    ``GRADER_FAILURES``)."""
+    return [_scored(g, float(g.resolved)) for g in grade_rollouts(kwargs)]
 
 
 def tests_pass_fraction(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:
-    """The share of FAIL_TO_PASS + PASS_TO_PASS tests that pass (a metric: give it weight 0 to only log it)."""
-    return [g.fraction for g in grade_rollouts(kwargs)]
+    """The share of FAIL_TO_PASS + PASS_TO_PASS tests that pass (a metric: give it weight 0 to only log it; NaN:
+    ``GRADER_FAILURES``)."""
+    return [_scored(g, g.fraction) for g in grade_rollouts(kwargs)]
 
 
 def breaks_no_test(g: Grade) -> bool:
@@ -204,17 +240,19 @@ def breaks_no_test(g: Grade) -> bool:
 
 def unbroken_patch_similarity(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:
     """``patch_similarity``, paid only when no PASS_TO_PASS test broke (0 otherwise): an edit in the right place
-    that breaks other code earns nothing for being in the right place."""
+    that breaks other code earns nothing for being in the right place (NaN: ``GRADER_FAILURES``)."""
     grades = grade_rollouts(kwargs)
-    return [s if breaks_no_test(g) else 0.0 for s, g in zip(patch_similarity(**kwargs), grades, strict=True)]
+    similar = patch_similarity(**kwargs)
+    return [_scored(g, s if breaks_no_test(g) else 0.0) for s, g in zip(similar, grades, strict=True)]
 
 
 def edit_tests_pass_fraction(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:
     """``tests_pass_fraction`` of an edit (``non_empty_patch``), 0 without one: keeping the tests green pays only an
     agent that changed the code, so no edit scores below any edit and an edit that breaks tests below one that
-    does not (plain ``tests_pass_fraction`` pays a no-op for the tests it leaves passing)."""
+    does not (plain ``tests_pass_fraction`` pays a no-op for the tests it leaves passing; NaN for an edit:
+    ``GRADER_FAILURES``)."""
     edited = non_empty_patch(**kwargs)
-    return [g.fraction if e else 0.0 for g, e in zip(grade_rollouts(kwargs), edited, strict=True)]
+    return [_scored(g, g.fraction) if e else 0.0 for g, e in zip(grade_rollouts(kwargs), edited, strict=True)]
 
 
 _EDIT_BLOCK = re.compile(r"^<{5,9} SEARCH>?[ \t]*\n(.*?)^={5,9}[ \t]*\n(.*?)^>{5,9} REPLACE>?[ \t]*$", re.M | re.S)

@@ -3,11 +3,13 @@
 trl calls a reward function as ``f(prompts=..., completions=..., completion_ids=..., **columns)``, one list entry
 per rollout for every column. A rollout's columns are its task's dataset row plus what the rollout produced
 (``reward_row``). The trainer hands such rows to trl's ``_calculate_rewards``; ``score`` makes the same call for
-everything that scores rollouts outside training (``aitlrt rollout --rewards``, ``aitlrt eval``).
+everything that scores rollouts outside training (``aitlrt rollout --rewards``, ``aitlrt eval``). A reward
+function that raises costs the rollouts of that call their scores (NaN: unscorable), not the run (``guarded``).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -15,6 +17,8 @@ from aitlrt.rollout.runner import RolloutOutcome
 from aitlrt.tasks.task import Task
 
 RewardFunc = Callable[..., Sequence[float | None]]
+
+log = logging.getLogger(__name__)
 
 
 def reward_row(row: Mapping[str, Any], task: Task, outcome: RolloutOutcome) -> dict[str, Any]:
@@ -35,16 +39,34 @@ def reward_row(row: Mapping[str, Any], task: Task, outcome: RolloutOutcome) -> d
     }
 
 
+def guarded(func: Callable[..., Any], name: str, errors: dict[str, str]) -> Callable[..., Any]:
+    """``func`` (called as trl calls it), except that an exception is logged, kept as ``errors[name]`` and makes
+    every rollout of the call unscorable (NaN) instead of propagating."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except Exception as exc:
+            errors[name] = f"{type(exc).__name__}: {exc}"
+            count = len(kwargs["completions"])
+            log.warning("reward %s raised on %d rollouts, now unscorable: %s", name, count, errors[name], exc_info=exc)
+            return [float("nan")] * count
+
+    return call
+
+
 def score(funcs: Mapping[str, RewardFunc], rows: Sequence[Mapping[str, Any]]) -> dict[str, list[float]]:
     """Each reward function's values on ``rows`` (from ``reward_row``), called as trl calls it; ``None`` becomes
-    NaN (trl's convention for "not applicable")."""
+    NaN (trl's convention for "not applicable"), as do the values of a call that raised (``guarded``)."""
     if not rows:
         return {name: [] for name in funcs}
     columns = {key: [row.get(key) for row in rows] for key in rows[0] if key not in ("prompt", "completion")}
     prompts = [row.get("prompt", row.get("problem_statement", "")) for row in rows]
     completions = [row["agent_patch"] for row in rows]
-    out = {}
+    out: dict[str, list[float]] = {}
+    errors: dict[str, str] = {}  # logged by guarded
     for name, func in funcs.items():
-        values = func(prompts=prompts, completions=completions, completion_ids=[[] for _ in rows], **columns)
+        call = guarded(func, name, errors)
+        values = call(prompts=prompts, completions=completions, completion_ids=[[] for _ in rows], **columns)
         out[name] = [float("nan") if v is None else float(v) for v in values]
     return out

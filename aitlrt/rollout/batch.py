@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 
+from aitlrt.common.keys import admin_headers
 from aitlrt.common.resources import agent_slots
 from aitlrt.common.seeds import derived_seed
 from aitlrt.rollout.agents import AGENTS, AgentTask, make_agent
@@ -88,7 +89,8 @@ def rollout_seed(seed: int, instance_id: str, k: int) -> int:
 
 def served_model(proxy: str) -> str:
     """The first model the proxy serves."""
-    models = httpx.get(f"{proxy.rstrip('/')}/v1/models", timeout=30).raise_for_status().json()["data"]
+    url = proxy.rstrip("/")
+    models = httpx.get(f"{url}/v1/models", headers=admin_headers(url), timeout=30).raise_for_status().json()["data"]
     return models[0]["id"]
 
 

@@ -1,10 +1,12 @@
 """Run many agents at once, each in a private workspace, and judge each rollout from its patch and trace.
 
-A rollout's status says whose failure it was. Failures of the policy: ``timeout``, ``call_limit``, ``no_patch``,
+A rollout's status says whose failure it was. Failures of the policy: ``timeout``, ``call_limit``, ``no_patch``
+(an empty diff, or a patch refused because the agent changed its ``.git``: ``aitlrt.common.workspace``),
 and ``crashed`` after answered calls (the agent died on what the policy wrote); rewards score them (0 for the
 built-ins). Failures outside the policy (``infrastructure_failure``), which say nothing about it: ``agent_error``
 (an exception around the agent: proxy unreachable, no workspace; no call answered: every call errored or none
-reached the proxy; the agent's last call failed with a server error, 5xx, so the server ended the rollout) and
+reached the proxy; the agent's last call failed with a server error, 5xx, so the server ended the rollout: a hung
+vLLM shows so once the proxy's request timeout passes) and
 ``crashed`` before any answered call (the agent could not start). The trainer makes every reward of such a
 rollout NaN: it leaves its group's baseline and trains nothing.
 """
@@ -22,8 +24,9 @@ from typing import Any, Literal
 
 import httpx
 
+from aitlrt.common.keys import admin_key, bearer, rollout_token
 from aitlrt.common.procs import kill_sessions
-from aitlrt.common.workspace import WorkspacePool, patch_of, reclaim_stale
+from aitlrt.common.workspace import RefusedPatch, WorkspacePool, patch_of, reclaim_stale
 from aitlrt.rollout.agents.base import Agent, AgentExit, AgentTask, ModelEndpoint
 
 log = logging.getLogger(__name__)
@@ -83,8 +86,10 @@ def judge(
     patch: str,
     trace: list[dict[str, Any]],
     error: str | None = None,
+    refused: str | None = None,
 ) -> tuple[Status, str]:
-    """The outcome from facts, not from the agent's exit code alone (Aider exits 0 on failure)."""
+    """The outcome from facts, not from the agent's exit code alone (Aider exits 0 on failure). ``refused``: why
+    the workspace's patch was not taken (``RefusedPatch``): the policy's failure, ``no_patch``."""
     answered = [c for c in trace if c.get("status") == 200]
     failed = [c for c in trace if c.get("status") != 200]
     last = max(trace, key=lambda c: c.get("call_index", 0)) if trace else {}
@@ -96,7 +101,7 @@ def judge(
             f"({last['status']}: {last.get('error')})"
         )
     assert exit is not None
-    if exit.timed_out:
+    if exit.timed_out:  # the policy's, even with no call answered: its first answer may still be generating
         return "timeout", f"killed after {exit.seconds:.0f}s with {len(answered)} answered calls"
     limited = [c for c in failed if c.get("error_code") == "call_limit"]
     if limited:
@@ -106,6 +111,8 @@ def judge(
     if not answered:
         why = failed[-1].get("error") if failed else "no model call reached the proxy"
         return "agent_error", f"no call answered: {why}"
+    if refused is not None:
+        return "no_patch", f"{len(answered)} calls, patch refused: {refused}"
     if not patch.strip():
         return "no_patch", f"{len(answered)} calls, empty diff"
     return "ok", f"{len(answered)} calls, {patch.count(chr(10))} diff lines"
@@ -139,6 +146,8 @@ class RolloutRunner:
 
     Workspaces are recycled between rollouts (``WorkspacePool``, up to ``concurrency`` idle copies) unless
     ``recycle_workspaces`` is False; ``close()`` removes them (a crashed owner's are reclaimed on the next start).
+    ``api_key``: the server's admin key (default: ``aitlrt.common.keys.admin_key``); each agent gets only its
+    rollout's token.
     """
 
     def __init__(
@@ -162,11 +171,10 @@ class RolloutRunner:
         self.timeout_s = timeout_s
         self.max_calls = max_calls
         self.context_window = context_window
-        self.api_key = api_key
+        self.api_key = api_key or admin_key(self.proxy_url)
         reclaim_stale(workspaces)
         self.pool = WorkspacePool(workspaces, max_idle=max(1, concurrency) if recycle_workspaces else 0)
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(base_url=self.proxy_url, headers=headers, timeout=60)
+        self._http = httpx.Client(base_url=self.proxy_url, headers=bearer(self.api_key), timeout=60)
         self._lock = threading.Lock()
 
     def run(
@@ -215,7 +223,7 @@ class RolloutRunner:
         t0 = time.monotonic()
         timings = {"queue_s": t0 - queued}
         self._update(progress, on_progress, running=1)
-        exit, patch, error = None, "", None
+        exit, patch, error, refused = None, "", None, None
         try:
             # Opens the rollout on the proxy: forgets earlier calls under this id, sets the call limit and seed.
             opening = {"max_calls": self.max_calls, "seed": req.seed}
@@ -223,7 +231,7 @@ class RolloutRunner:
             endpoint = ModelEndpoint(
                 f"{self.proxy_url}/rollouts/{req.rollout_id}/v1",
                 self.model,
-                api_key=self.api_key or "aitlrt",
+                api_key=rollout_token(self.api_key, req.rollout_id) if self.api_key else "aitlrt",  # its own only
                 context_window=self.context_window,
             )
             with self.pool.workspace(req.repo, req.base_commit) as ws:
@@ -232,12 +240,15 @@ class RolloutRunner:
                 exit = self.agent.run(req.task, ws, endpoint, self.timeout_s)
                 t2 = time.monotonic()
                 timings["agent_s"] = t2 - t1
-                patch = patch_of(ws.repo, req.base_commit)
+                try:
+                    patch = patch_of(ws)
+                except RefusedPatch as exc:
+                    refused = str(exc)
                 timings["diff_s"] = time.monotonic() - t2
         except (OSError, RuntimeError, httpx.HTTPError) as exc:
             error = f"{type(exc).__name__}: {exc}"
         trace = self._trace(req.rollout_id)
-        status, reason = judge(exit, patch, trace, error)
+        status, reason = judge(exit, patch, trace, error, refused)
         answered = [c for c in trace if c.get("status") == 200]
         outcome = RolloutOutcome(
             rollout_id=req.rollout_id,

@@ -39,7 +39,8 @@ def run_demo(run_dir: Path, max_tokens: int = 96) -> DemoResult:
         base = f"{serve.url}/rollouts/{rollout}/v1"
         body = {"model": "any", "messages": [{"role": "user", "content": PROMPT}], "temperature": 0}
         t0 = time.perf_counter()
-        reply = httpx.post(f"{base}/chat/completions", timeout=300, json=body).raise_for_status().json()
+        headers = serve.rollout_headers(rollout)  # the rollout's own token, as an agent has it
+        reply = httpx.post(f"{base}/chat/completions", headers=headers, timeout=300, json=body).raise_for_status()
         latency = time.perf_counter() - t0
-        trace = httpx.get(f"{serve.url}/rollouts/{rollout}", timeout=30).raise_for_status().json()
-    return DemoResult(model, rollout, base, reply["choices"][0]["message"]["content"], latency, trace)
+        trace = httpx.get(f"{serve.url}/rollouts/{rollout}", headers=serve.headers, timeout=30).raise_for_status()
+    return DemoResult(model, rollout, base, reply.json()["choices"][0]["message"]["content"], latency, trace.json())

@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from aitlrt.common import keys
 from aitlrt.common.procs import die_with_parent, free_port, wait_http
 
 log = logging.getLogger(__name__)
@@ -24,10 +25,16 @@ class ServeProcess:
     included (Linux): start it from a thread that outlives it, the main thread as the trainer, ``aitlrt eval``
     and ``aitlrt demo`` do."""
 
-    def __init__(self, args: list[str], port: int, log_path: Path, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, args: list[str], port: int, log_path: Path, host: str = "127.0.0.1", api_key: str | None = None
+    ) -> None:
+        """``api_key``: the server's admin key (default: a new one), passed in its environment and remembered for
+        its URL (``aitlrt.common.keys``), so that this process's clients of the URL send it."""
         self.args = args
         self.url = f"http://{host}:{port}"
         self.log_path = log_path
+        self.api_key = api_key or keys.new_key()
+        keys.remember(self.url, self.api_key)
         self.proc: subprocess.Popen | None = None
         self._argv = [sys.executable, "-m", "aitlrt_server.cli", "--host", host, "--port", str(port), *args]
 
@@ -39,10 +46,20 @@ class ServeProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                env={**os.environ, keys.ENV: self.api_key},
                 start_new_session=True,
                 preexec_fn=die_with_parent(signal.SIGTERM),
             )
         return self
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The headers of an admin call."""
+        return keys.bearer(self.api_key)
+
+    def rollout_headers(self, rollout_id: str) -> dict[str, str]:
+        """The headers of a model call of rollout ``rollout_id``, as its agent sends them (its own token)."""
+        return keys.bearer(keys.rollout_token(self.api_key, rollout_id))
 
     def wait_ready(self, timeout_s: float = 900.0, progress: bool = False, upstream: bool = True) -> float:
         """Until ``/health`` is 200 (vLLM included; any answer with ``upstream=False``); raises with the
@@ -103,7 +120,8 @@ def managed_server(
     extra_args: Sequence[str] = (),
 ) -> Iterator[ServeProcess]:
     """``aitlrt-serve`` + vLLM on ``model`` with these sampling parameters (None: the server's default) on a free
-    local port, journal and ``serve.log`` in ``run_dir``; ready when entered, stopped on exit."""
+    local port, journal and ``serve.log`` in ``run_dir``, a new admin key (``ServeProcess``); ready when entered,
+    stopped on exit."""
     sampling = {"--temperature": temperature, "--top-p": top_p, "--top-k": top_k, "--max-tokens": max_tokens}
     args = ["--model", str(model), "--run-dir", str(run_dir)]
     args += [word for flag, value in sampling.items() if value is not None for word in (flag, str(value))]

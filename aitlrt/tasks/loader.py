@@ -1,14 +1,16 @@
 """Load task rows from JSON, JSONL, CSV or parquet files, or a Hugging Face Hub dataset name.
 
 Bad rows never stop a run silently: each is reported as a ``RowProblem`` with its line (or row) number and id,
-and the caller decides (``aitlrt`` commands print them; training refuses to start with none left).
+and the caller decides (``aitlrt`` commands print them; training refuses to start with none left). Duplicate
+instance ids are refused (``TaskLoadError``): grades, difficulty records and the trainer's tasks are keyed by id.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterator
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,6 +93,7 @@ def load_tasks(
     the row's own, e.g. PyPI sdists standing in for GitHub repos offline. ``ids`` keeps only those instance ids.
     """
     out = TaskSet()
+    places: list[tuple[str, str]] = []
     for where, row in _rows(str(spec), split):
         if isinstance(row, Exception):
             out.problems.append(RowProblem(where, "?", f"not JSON: {row}"))
@@ -98,15 +101,32 @@ def load_tasks(
         if not isinstance(row, dict):
             out.problems.append(RowProblem(where, "?", f"a row must be an object, got {type(row).__name__}"))
             continue
-        if ids is not None and row.get("instance_id") not in ids:
+        if ids is not None and str(row.get("instance_id") or "").strip() not in ids:
             continue
         try:
             out.tasks.append(task_from_row(row, overrides))
+            places.append((out.tasks[-1].instance_id, where))
         except TaskError as exc:
             out.problems.append(RowProblem(where, exc.instance_id, exc.reason))
         if limit is not None and len(out.tasks) >= limit:
             break
+    refuse_duplicates(places, str(spec))
     return out
+
+
+def refuse_duplicates(places: Iterable[tuple[str, str]], what: str) -> None:
+    """``TaskLoadError`` naming the instance ids that occur more than once in ``what``; ``places``: each task's
+    (instance id, where it comes from)."""
+    found: dict[str, list[str]] = defaultdict(list)
+    for instance_id, where in places:
+        found[instance_id].append(where)
+    repeated = {i: where for i, where in found.items() if len(where) > 1}
+    if repeated:
+        named = "; ".join(f"{i} ({', '.join(where)})" for i, where in list(repeated.items())[:10])
+        raise TaskLoadError(
+            f"{len(repeated)} duplicate instance_id(s) in {what}: {named}. Each task needs its own id (grades and "
+            "the trainer's tasks are keyed by it)"
+        )
 
 
 def parse_overrides(items: list[str]) -> dict[str, str]:

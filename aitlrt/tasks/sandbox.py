@@ -18,6 +18,7 @@ or fill its memory. Extra pipes (``pass_fds``) reach the command, e.g. the grade
 
 from __future__ import annotations
 
+import logging
 import os
 import resource
 import selectors
@@ -40,6 +41,8 @@ OUTPUT_TAIL = 256 << 10
 DRAIN_S = 2.0
 """Seconds to read what is left in the pipes once the command is killed or has exited."""
 NO_ISOLATION = "none"
+
+log = logging.getLogger(__name__)
 
 
 def _bwrap(bwrap: str, cwd: Path, binds: Sequence[Path] = (), writable: bool = True) -> tuple[str, ...]:
@@ -64,9 +67,7 @@ def _works(prefix: tuple[str, ...]) -> bool:
     return subprocess.run(probe, capture_output=True, stdin=subprocess.DEVNULL, timeout=30).returncode == 0
 
 
-def local_isolation(
-    cwd: Path, binds: Sequence[Path] = (), writable: bool = True
-) -> tuple[tuple[str, ...], str]:
+def local_isolation(cwd: Path, binds: Sequence[Path] = (), writable: bool = True) -> tuple[tuple[str, ...], str]:
     """The best local command prefix for ``cwd`` (and read-only ``binds`` beside the read-only host, for those
     under ``/tmp``), and its name (``none: <why>`` when nothing works)."""
     if (bwrap := shutil.which("bwrap")) and _works(_bwrap(bwrap, Path("/"))):
@@ -97,6 +98,23 @@ def runner_prefix(binds: Sequence[Path], cwd: Path, writable: bool = True) -> tu
 def isolation() -> str:
     """The isolation graded tests get on this machine with the configured runner (``none: ...`` when none)."""
     return runner_prefix([], Path("/"))[1]
+
+
+def require_isolation(allow_none: bool) -> str:
+    """The isolation graded tests get here; raises ``RuntimeError`` when there is none, unless ``allow_none``
+    (then it warns, loudly)."""
+    obtained = isolation()
+    if obtained.startswith(NO_ISOLATION):
+        if not allow_none:
+            raise RuntimeError(
+                f"graded tests would run with no isolation ({obtained}): the policy's code would reach the network "
+                "and could write this machine. Install bubblewrap (jobs/setup.sh does, as root), or set "
+                "allow_unisolated_tests: true to run anyway"
+            )
+        log.warning("!!! graded tests run with NO isolation (%s): allow_unisolated_tests is set !!!", obtained)
+    else:
+        log.info("graded tests run sandboxed: %s", obtained)
+    return obtained
 
 
 def _user_processes() -> int:

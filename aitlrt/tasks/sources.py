@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import logging
 import os
 import re
 import shutil
@@ -25,6 +26,8 @@ from pathlib import Path
 
 from aitlrt.common.git import git
 from aitlrt.common.paths import aitlrt_home
+
+log = logging.getLogger(__name__)
 
 FIXED_DATES = {"GIT_AUTHOR_DATE": "2000-01-01T00:00:00+0000", "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000"}
 _SHA = re.compile(r"^[0-9a-f]{7,40}$")
@@ -109,6 +112,12 @@ def _has(repo: Path, source: Source) -> bool:
     return subprocess.run(cmd, cwd=repo, capture_output=True).returncode == 0
 
 
+def _committed(repo: Path) -> bool:
+    """Whether ``repo`` is a git repository of its own with a commit at ``HEAD``."""
+    cmd = ["git", "--git-dir", str(repo / ".git"), "rev-parse", "-q", "--verify", "HEAD^{commit}"]
+    return (repo / ".git").is_dir() and subprocess.run(cmd, capture_output=True).returncode == 0
+
+
 def _unpack(archive: Path, into: Path) -> None:
     """Unpack an sdist (tar.gz or zip) with its single top-level folder stripped."""
     with tempfile.TemporaryDirectory(dir=into.parent) as tmp:
@@ -124,19 +133,25 @@ def _unpack(archive: Path, into: Path) -> None:
 
 
 def _fetch_pypi(source: Source) -> tuple[Path, str]:
+    """The sdist unpacked and committed, built in a scratch folder and moved into the cache only when whole; a
+    half-made cache (a download, extract or commit cut off, by older versions built in place) is rebuilt."""
     repo = repos_root() / f"pypi-{source.location.replace('==', '-')}"
     with file_lock(repo):
-        if not (repo / ".git").exists():
+        if repo.exists() and not _committed(repo):
+            log.warning("%s is a half-made PyPI source cache (interrupted?): rebuilding it", repo)
+            shutil.rmtree(repo)
+        if not repo.exists():
             with tempfile.TemporaryDirectory(dir=repos_root()) as tmp:
                 cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q"]
                 proc = subprocess.run([*cmd, "-d", tmp, source.location], capture_output=True, text=True)
                 archives = [p for p in Path(tmp).iterdir() if p.name.endswith((".tar.gz", ".zip", ".tgz"))]
                 if proc.returncode != 0 or not archives:
                     raise RuntimeError(f"pip could not download the sdist {source.location}: {proc.stderr[-1500:]}")
-                shutil.rmtree(repo, ignore_errors=True)
-                _unpack(archives[0], repo)
-            git("init", "-q", cwd=repo)
-            _commit_tree(repo, f"aitlrt base: {source.location} (PyPI sdist)")
+                built = Path(tmp) / "repo"
+                _unpack(archives[0], built)
+                git("init", "-q", cwd=built)
+                _commit_tree(built, f"aitlrt base: {source.location} (PyPI sdist)")
+                built.rename(repo)
         return repo, git("rev-parse", "HEAD", cwd=repo).strip()
 
 

@@ -20,6 +20,21 @@ from typing import Any
 from aitlrt.tasks import patches
 from aitlrt.tasks.sources import Source, materialise, parse_source, with_patch
 
+TEXT_COLUMNS = (
+    "problem_statement",
+    "patch",
+    "test_patch",
+    "setup_patch",
+    "bug_patch",
+    "source",
+    "repo",
+    "repo_path",
+    "repo_url",
+    "pypi_sdist",
+    "base_commit",
+    "upstream",
+)
+"""Columns that must be strings when present (None counts as absent)."""
 PROBLEM_TEMPLATE = (
     "The test suite of this repository has failing tests:\n{tests}\n\n"
     "Find the bug in the library code and fix it so that these tests pass, without breaking any other test. "
@@ -80,6 +95,27 @@ class Task:
         return repo, with_patch(repo, base, self.setup_patch)
 
 
+def _check_types(row: dict[str, Any]) -> None:
+    """ValueError naming the first column of ``row`` whose type is wrong (``TEXT_COLUMNS``, ``version``)."""
+    for name in TEXT_COLUMNS:
+        value = row.get(name)
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"{name} must be a string, got {type(value).__name__}")
+    if not isinstance(row.get("version"), str | int | float | None):
+        raise ValueError(f"version must be a string or a number, got {type(row['version']).__name__}")
+
+
+def _json_column(value: Any, name: str, kinds: type | tuple[type, ...], what: str) -> Any:
+    """A column given as one of ``kinds`` (``what``, in an error) or as JSON text of one (empty: None)."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        value = json.loads(value)  # a JSONDecodeError is a ValueError: reported with the row
+    if not isinstance(value, kinds):
+        raise ValueError(f"{name} must be {what} (or JSON text of one), got {type(value).__name__}")
+    return value
+
+
 def _tests(value: Any, name: str) -> tuple[str, ...]:
     if value is None or value == "":
         return ()
@@ -89,7 +125,8 @@ def _tests(value: Any, name: str) -> tuple[str, ...]:
         except json.JSONDecodeError as exc:
             raise ValueError(f"{name} is neither a list nor a JSON list: {exc}") from None
     if not isinstance(value, list | tuple) or not all(isinstance(t, str) for t in value):
-        raise ValueError(f"{name} must be a list of test ids, got {type(value).__name__}")
+        got = type(value).__name__ if not isinstance(value, list | tuple) else "a list holding other than strings"
+        raise ValueError(f"{name} must be a list of test ids (strings), got {got}")
     return tuple(value)
 
 
@@ -109,10 +146,14 @@ def _source(row: dict[str, Any], overrides: dict[str, str]) -> Source:
 
 def task_from_row(row: dict[str, Any], overrides: dict[str, str] | None = None) -> Task:
     """Normalise one row (SWE-bench, SWE-smith or aitlrt form); raises TaskError naming the row's id."""
-    instance_id = str(row.get("instance_id") or "").strip()
+    raw_id = row.get("instance_id")
+    if not isinstance(raw_id, str | int | None):
+        raise TaskError(repr(raw_id)[:60], f"instance_id must be a string, got {type(raw_id).__name__}")
+    instance_id = str(raw_id or "").strip()
     if not instance_id:
         raise TaskError("?", "missing instance_id")
     try:
+        _check_types(row)
         f2p = _tests(row.get("FAIL_TO_PASS"), "FAIL_TO_PASS")
         p2p = _tests(row.get("PASS_TO_PASS"), "PASS_TO_PASS")
         setup = row.get("setup_patch") or row.get("bug_patch") or ""
@@ -122,10 +163,10 @@ def task_from_row(row: dict[str, Any], overrides: dict[str, str] | None = None) 
             statement = PROBLEM_TEMPLATE.format(tests="\n".join(f"- {t}" for t in f2p[:5]))
         if not statement.strip():
             raise ValueError("no problem_statement and no FAIL_TO_PASS to write one from")
-        env = row.get("env")
-        env = json.loads(env) if isinstance(env, str) and env else env or None
-        files = row.get("files") or ()
-        files = json.loads(files) if isinstance(files, str) else files
+        env = _json_column(row.get("env"), "env", dict, "an object") or None
+        files = _json_column(row.get("files"), "files", (list, tuple), "a list") or ()
+        if not all(isinstance(f, str) for f in files):
+            raise ValueError("files must be a list of paths (strings)")
         version = str(row.get("version") or "") or (row["pypi_sdist"].split("==")[-1] if row.get("pypi_sdist") else "")
         return Task(
             instance_id=instance_id,

@@ -126,6 +126,14 @@ class AgentGRPOConfig(GRPOConfig):
     max_sampling_rounds: int = field(
         default=3, metadata={"help": "dynamic sampling: rounds of rollouts per step at most (1: no extra rounds)"}
     )
+    max_unscorable_steps: int = field(
+        default=3,
+        metadata={
+            "help": "stop the run with UnscorableStepsError (naming the rollouts' last reasons and the server's "
+            "/health) after this many consecutive training steps in which every rollout was unscorable (failed "
+            "outside the policy: a dead or hung server, a failing grader or reward function); 0: never stop"
+        },
+    )
     max_staleness: int = field(
         default=1,
         metadata={
@@ -211,6 +219,8 @@ class AgentGRPOConfig(GRPOConfig):
             )
         if self.min_informative_groups < 0 or self.max_sampling_rounds < 1:
             raise ValueError("min_informative_groups must be >= 0 and max_sampling_rounds >= 1")
+        if self.max_unscorable_steps < 0:
+            raise ValueError(f"max_unscorable_steps must be >= 0 (0: never stop), got {self.max_unscorable_steps}")
         if not 0.0 <= self.curriculum_failed_share <= 1.0:
             raise ValueError(f"curriculum_failed_share must be in [0, 1], got {self.curriculum_failed_share}")
 
@@ -289,6 +299,13 @@ class AgentScriptArguments:
     rewards: list[str] = field(
         default_factory=lambda: ["tests_pass", "patch_similarity", "non_empty_patch", "tests_pass_fraction"],
         metadata={"help": "built-in reward names (aitlrt.rewards.builtin.REWARDS); weights: reward_weights"},
+    )
+    allow_unisolated_tests: bool = field(
+        default=False,
+        metadata={
+            "help": "run graded tests (the policy's code) even where no sandbox works (no bubblewrap, no unshare): "
+            "they then reach the network and can write the host"
+        },
     )
     serve: str = field(
         default="managed", metadata={"help": "'managed' (start vLLM + aitlrt-serve here) or an aitlrt-serve URL"}

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from aitlrt.common.paths import aitlrt_home
 from aitlrt.rollout.batch import prepare_tasks
-from aitlrt.tasks.loader import load_tasks, parse_overrides
+from aitlrt.tasks.loader import load_tasks, parse_overrides, refuse_duplicates
 from aitlrt.tasks.split import split_heldout, split_warm_start
 
 if TYPE_CHECKING:
@@ -72,7 +72,8 @@ class RunTasks:
 
 def run_tasks(script: AgentScriptArguments) -> RunTasks:
     """Load ``--tasks``, split off the held-out and the warm start's tasks and add the other sources' tasks.
-    Raises ``TaskLoadError`` (no usable task) or ``ValueError`` (a split that cannot be made)."""
+    Raises ``TaskLoadError`` (no usable task, or one id twice among GRPO's or the warm start's tasks) or
+    ``ValueError`` (a split that cannot be made)."""
     rows = load_task_rows(script)
     heldout: list[dict[str, Any]] = []
     if script.heldout_share > 0:
@@ -92,7 +93,10 @@ def run_tasks(script: AgentScriptArguments) -> RunTasks:
             f"{len(leaked)} held-out tasks ({', '.join(sorted(leaked)[:3])}, ...) are also tasks of warm_start_from "
             "or grpo_from: they would be trained on"
         )
-    return RunTasks(rows + grpo_extra, heldout, warm + warm_extra)
+    out = RunTasks(rows + grpo_extra, heldout, warm + warm_extra)
+    for use, what in ((out.grpo, "GRPO's tasks (--tasks, grpo_from)"), (out.warm_start, "the warm start's tasks")):
+        refuse_duplicates(((r["instance_id"], str(r.get("source", "?"))) for r in use), what)
+    return out
 
 
 def source_rows(sources: list[str], per_source: int, max_file_lines: int | None) -> list[dict[str, Any]]:

@@ -40,6 +40,7 @@ largest rank's number of passes (ZeRO-3 collectives): the extra ones are zero-lo
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
 import logging
@@ -63,16 +64,17 @@ from trl.trainer.utils import nanmax, nanmin, pad, use_adapter
 
 from aitlrt.common.lm_head import scored_positions_only
 from aitlrt.common.shared_prefix import prefix_batches, shared_prefix_forward, use_shared_prefix
-from aitlrt.rewards.builtin import GRADED, EarlyGrader
-from aitlrt.rewards.inputs import reward_row
+from aitlrt.rewards.builtin import GRADED, EarlyGrader, grader_failure
+from aitlrt.rewards.inputs import guarded, reward_row
 from aitlrt.rollout.agents import AgentTask, make_agent
-from aitlrt.rollout.runner import RolloutOutcome, RolloutRequest, RolloutRunner, infrastructure_failure
+from aitlrt.rollout.runner import RolloutOutcome, RolloutRequest, RolloutRunner
 from aitlrt.rollout.timing import time_split
 from aitlrt.tasks.difficulty import read_difficulty
 from aitlrt.tasks.task import Task, task_from_row
 from aitlrt.training.advantages import rollout_advantages
 from aitlrt.training.config import ROW_NORMALISED_LOSSES, AgentGRPOConfig
 from aitlrt.training.curriculum import CurriculumSampler
+from aitlrt.training.failures import UnscorableSteps, unscorable_reason
 from aitlrt.training.pipeline import RolloutsAhead, Taken
 from aitlrt.training.probe import check_sampling, make_weight_probe
 from aitlrt.training.rows import Row, RowStats, build_rows
@@ -161,6 +163,8 @@ class SamplingRound:
     informative: torch.Tensor
     local: slice
     """This rank's rollouts in the gathered tensors."""
+    reasons: list[str]
+    """Why each of this rank's rollouts is unscorable ("": it is not; ``failures.unscorable_reason``)."""
     instance_ids: list[str]
     """Every rank's rollouts' task ids, gathered."""
     group: int
@@ -211,6 +215,7 @@ class AgentGRPOTrainer(GRPOTrainer):
         self._early_grader: EarlyGrader | None = None  # grades each rollout as it ends
         self._ahead: RolloutsAhead | None = None  # pipelined steps
         self._start_background()
+        self._unscorable_steps = UnscorableSteps(self.args.max_unscorable_steps, self.proxy_url)
         self._peeked: tuple[Any, Any] | None = None  # (epoch iterator, the next step's generation batch)
         self._fused_part: dict[str, Any] | None = None  # the micro-batch whose loss forward computes it
         self._shares_prefix: bool | None = None  # decided at the first forward (_shared_prefix)
@@ -341,7 +346,8 @@ class AgentGRPOTrainer(GRPOTrainer):
         # Dynamic sampling: only the rollouts of groups with reward variance are trained on (training mode).
         keep = [(r, i) for r in rounds for i in range(len(r.outcomes)) if mode != "train" or r.kept(i)]
         outcomes = [r.outcomes[i] for r, i in keep]
-        rows, owners, stats = self._rows(outcomes, mode, None if taken is None else taken.version)
+        unscorable = {j for j, (r, i) in enumerate(keep) if r.reasons[i]}
+        rows, owners, stats = self._rows(outcomes, unscorable, mode, None if taken is None else taken.version)
         advantages = [float(r.advantages[r.local][i]) for r, i in keep]
         batch, gap = self._batch(rows, owners, advantages, mode, self._truncated(outcomes))
         t4 = time.monotonic()
@@ -366,8 +372,17 @@ class AgentGRPOTrainer(GRPOTrainer):
         if self.args.save_rollouts and mode == "train":
             self._save_rollouts(rounds, rows, owners, keep)
         if mode == "train":
+            self._watch_unscorable(rounds)
             self._run_ahead()
         return batch
+
+    def _watch_unscorable(self, rounds: list[SamplingRound]) -> None:
+        """Stop the run (``UnscorableStepsError``) after ``max_unscorable_steps`` consecutive steps whose every
+        rollout (all rounds, all ranks) was unscorable (every rank decides alike, on the gathered rewards)."""
+        everything = all(bool(torch.isnan(r.weighted).all()) for r in rounds)
+        reasons = [reason for r in rounds for reason in r.reasons] if everything else []
+        everyone = [reason for chunk in gather_object([reasons]) for reason in chunk] if everything else []
+        self._unscorable_steps.observe(self.state.global_step + 1, everything, everyone)
 
     def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> Any:
         """transformers'; pipelined, it also reads the next step's first batch (the generation batch that step rolls
@@ -404,17 +419,20 @@ class AgentGRPOTrainer(GRPOTrainer):
         scored = [reward_row(row, self._task(row), o) for row, o in zip(inputs, outcomes, strict=True)]
         prompts = [row["prompt"] for row in inputs]
         completions = [o.patch for o in outcomes]
-        rewards_per_func = self._calculate_rewards(scored, prompts, completions, [[] for _ in inputs])
-        # A rollout that failed outside the policy (runner.infrastructure_failure) is unscorable: NaN leaves the
-        # group's baseline and gets advantage 0; ``_rows`` trains none of its tokens.
-        unscorable = gather(torch.tensor([int(o.unscorable) for o in outcomes], device=rewards_per_func.device))
-        rewards_per_func[unscorable.bool()] = torch.nan
-        weighted = (rewards_per_func * self.reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
-        weighted[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        errors: dict[str, str] = {}
+        rewards_per_func = self._calculate_rewards(scored, prompts, completions, [[] for _ in inputs], errors)
+        # A rollout that failed outside the policy (runner.infrastructure_failure) or got a NaN reward (a grade
+        # that failed on the grader's side, a reward function that raised) is unscorable: all its rewards NaN, it
+        # leaves the group's baseline and gets advantage 0; ``_rows`` trains none of its tokens.
+        rank = self.accelerator.process_index
+        local = slice(rank * len(inputs), (rank + 1) * len(inputs))
+        reasons = self._unscorable_reasons(outcomes, scored, torch.isnan(rewards_per_func[local]), errors)
+        infrastructure = gather(torch.tensor([int(o.unscorable) for o in outcomes], device=rewards_per_func.device))
+        rewards_per_func[infrastructure.bool() | torch.isnan(rewards_per_func).any(dim=1)] = torch.nan
+        weighted = (rewards_per_func * self.reward_weights.to(rewards_per_func.device).unsqueeze(0)).sum(dim=1)
         advantages, zero_std = rollout_advantages(
             rewards_per_func, weighted, self.reward_weights, group, self.scale_rewards, self.multi_objective_aggregation
         )
-        rank = self.accelerator.process_index
         ids = [i for chunk in gather_object([[self._task(row).instance_id for row in inputs]]) for i in chunk]
         rnd = SamplingRound(
             inputs=inputs,
@@ -424,7 +442,8 @@ class AgentGRPOTrainer(GRPOTrainer):
             advantages=advantages,
             zero_std=zero_std,
             informative=informative_groups(weighted, zero_std, group),
-            local=slice(rank * len(inputs), (rank + 1) * len(inputs)),
+            local=local,
+            reasons=reasons,
             instance_ids=ids,
             group=group,
             rollout_s=waited,
@@ -434,6 +453,41 @@ class AgentGRPOTrainer(GRPOTrainer):
         if self._curriculum is not None and self.args.curriculum_update and mode == "train":
             self._curriculum_update(rnd, group)
         return rnd
+
+    def _calculate_rewards(
+        self,
+        inputs: list[dict[str, Any]],
+        prompts: list[Any],
+        completions: list[Any],
+        completion_ids_list: list[Any],
+        errors: dict[str, str] | None = None,
+    ) -> torch.Tensor:
+        """trl's, with each plain reward function ``guarded``: one that raises gives NaN on the rollouts of that
+        call (unscorable), its error kept in ``errors``, instead of stopping the run."""
+        plain: list[Any] = self.reward_funcs
+        errors = {} if errors is None else errors
+        self.reward_funcs = [
+            f if isinstance(f, torch.nn.Module) or inspect.iscoroutinefunction(f) else guarded(f, name, errors)
+            for f, name in zip(plain, self.reward_func_names, strict=True)
+        ]
+        try:
+            return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        finally:
+            self.reward_funcs = plain
+
+    def _unscorable_reasons(
+        self, outcomes: list[RolloutOutcome], scored: list[dict[str, Any]], nan: torch.Tensor, errors: dict[str, str]
+    ) -> list[str]:
+        """Per rollout of this rank, why it is unscorable ("": it is not): ``failures.unscorable_reason`` of its
+        outcome and NaN rewards (``nan``: per rollout and reward function), with the grade's failure if it has one."""
+        reasons = []
+        for outcome, row, bad in zip(outcomes, scored, nan.tolist(), strict=True):
+            names = [name for name, b in zip(self.reward_func_names, bad, strict=True) if b]
+            reason = unscorable_reason(outcome, names, errors)
+            if names and not outcome.unscorable and (graded := grader_failure(row)):
+                reason += f"; {graded}"
+            reasons.append(reason)
+        return reasons
 
     def _get_train_sampler(self, dataset: Any = None) -> Any:
         """trl's ``RepeatSampler``, or with ``task_difficulty_file`` the curriculum's sampler of the same contract
@@ -484,14 +538,14 @@ class AgentGRPOTrainer(GRPOTrainer):
         return everyone[rank * count : (rank + 1) * count]
 
     def _rows(
-        self, outcomes: list[RolloutOutcome], mode: str, ahead: int | None = None
+        self, outcomes: list[RolloutOutcome], unscorable: set[int], mode: str, ahead: int | None = None
     ) -> tuple[list[Row], list[int], RowStats]:
-        """The rows of ``outcomes`` (unscorable rollouts give none), checked to come from the weight version the
-        server had when their rollouts started: the synced one, or ``ahead`` for rollouts run ahead (at most
-        ``max_staleness`` behind); the staleness of the rows is logged (``staleness/*``)."""
+        """The rows of ``outcomes`` (the ``unscorable`` ones, by index, give none), checked to come from the weight
+        version the server had when their rollouts started: the synced one, or ``ahead`` for rollouts run ahead (at
+        most ``max_staleness`` behind); the staleness of the rows is logged (``staleness/*``)."""
         rows, owners, stats = [], [], RowStats()
         for i, outcome in enumerate(outcomes):
-            if outcome.unscorable:
+            if i in unscorable:
                 stats.skipped_unscorable += len(outcome.trace)
                 continue
             built, s = build_rows(outcome.trace, self.args.max_row_tokens, self.args.include_non_policy_calls)
@@ -912,7 +966,7 @@ class AgentGRPOTrainer(GRPOTrainer):
             metrics[f"rollouts/{status}"].append(statuses.get(status, 0) / len(everyone))
         for key, value in time_split(everyone).items():  # where the rollouts' time went (all ranks, all rounds)
             metrics[f"time/{key}"].append(value)
-        metrics["rollouts/unscorable"].append(sum(infrastructure_failure(o["status"], o["calls"]) for o in everyone))
+        metrics["rollouts/unscorable"].append(int(torch.isnan(weighted).sum()))
         metrics["rollouts/calls_mean"].append(statistics.fmean(o["calls"] for o in everyone))
         metrics["rollouts/completion_tokens_mean"].append(statistics.fmean(o["completion_tokens"] for o in everyone))
         metrics["rollouts/non_empty_patch_rate"].append(statistics.fmean(bool(o["patch"].strip()) for o in everyone))
@@ -947,7 +1001,8 @@ class AgentGRPOTrainer(GRPOTrainer):
         keep: list[tuple[SamplingRound, int]],
     ) -> None:
         """``OUTPUT/rollouts/step_XXXX.jsonl``: every rollout of the step (all rounds, all ranks) with its task's
-        oracle patch, rewards, advantage, whether it was trained on and its rows."""
+        oracle patch, rewards, why it is unscorable (None: it is not), advantage, whether it was trained on and its
+        rows."""
         tokens: Counter[tuple[int, int]] = Counter()
         trained_rows: Counter[tuple[int, int]] = Counter()
         for row, owner in zip(rows, owners, strict=True):
@@ -969,6 +1024,7 @@ class AgentGRPOTrainer(GRPOTrainer):
                         "instance_id": task_row["instance_id"],
                         "status": outcome.status,
                         "reason": outcome.reason,
+                        "unscorable": rnd.reasons[i] or None,
                         "patch": outcome.patch,
                         "oracle_patch": self._task(task_row).patch,
                         "rewards": dict(zip(self.reward_func_names, rewards[i].tolist(), strict=True)),
@@ -1038,8 +1094,11 @@ class AgentGRPOTrainer(GRPOTrainer):
                             CURRICULUM_STATE, self.args.task_difficulty_file)  # fmt: skip
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
-        """trl's checkpoint, plus the curriculum's state (what it learned online of each task's difficulty)."""
-        super()._save_checkpoint(model, trial)
+        """trl's checkpoint, plus the curriculum's state (what it learned online of each task's difficulty), written
+        first: the Trainer removes older checkpoints (``save_total_limit``) at the end of its save, so the newest one
+        is whole, curriculum included, before an older one goes."""
         if self._curriculum is not None and self.args.should_save:
             folder = Path(self._get_output_dir(trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            folder.mkdir(parents=True, exist_ok=True)
             (folder / CURRICULUM_STATE).write_text(json.dumps(self._curriculum.state_dict()))
+        super()._save_checkpoint(model, trial)

@@ -19,6 +19,7 @@ import torch
 from accelerate.utils import gather_object
 from transformers import Trainer
 
+from aitlrt.common.keys import admin_headers, admin_key, bearer, vllm_key
 from aitlrt.training.config import AgentGRPOConfig
 
 if TYPE_CHECKING:
@@ -33,8 +34,10 @@ class WeightSync(Protocol):
 
 
 def proxy_request(proxy_url: str, method: str, path: str, **kw: Any) -> httpx.Response:
-    """A request to ``aitlrt-serve`` (10-minute timeout: a reload waits for vLLM); raises on an error status."""
-    return httpx.request(method, f"{proxy_url}{path}", timeout=600, **kw).raise_for_status()
+    """An admin request to ``aitlrt-serve``, with its admin key (``aitlrt.common.keys.admin_key``; 10-minute
+    timeout: a reload waits for vLLM); raises on an error status."""
+    headers = admin_headers(proxy_url)
+    return httpx.request(method, f"{proxy_url}{path}", headers=headers, timeout=600, **kw).raise_for_status()
 
 
 def _once(items: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
@@ -149,10 +152,8 @@ class NcclSync:
         meta = [(n, str(t.dtype).removeprefix("torch."), list(t.shape)) for n, t in policy_weights(trainer, False)]
         device = trainer.accelerator.device  # ZeRO-3 consolidates on the host; NCCL sends from the GPU
         if self.client is None:
-            from trl.generation.vllm_client import VLLMClient
-
             url = self.vllm_url or proxy_request(self.proxy_url, "GET", "/weights").json()["upstream"]
-            self.client = VLLMClient(base_url=url, group_port=self.group_port, connection_timeout=60)
+            self.client = keyed_vllm_client(url, vllm_key(admin_key(self.proxy_url) or ""), self.group_port)
             self.client.init_communicator(device=device)
         version = proxy_request(self.proxy_url, "POST", "/weights/pause").json()["weight_version"]
         try:
@@ -164,6 +165,23 @@ class NcclSync:
             raise
         resumed = proxy_request(self.proxy_url, "POST", "/weights/resume", json={"version": version + 1})
         return resumed.json()["weight_version"]
+
+
+def keyed_vllm_client(url: str, key: str, group_port: int) -> VLLMClient:
+    """trl's ``VLLMClient`` for vLLM at ``url``, sending vLLM's ``key`` (``aitlrt.common.keys.vllm_key``): trl sends
+    none, and vLLM checks it on ``/v1`` (the client's ``/v1/models``), not on the weight-transfer routes."""
+    from trl.generation.vllm_client import VLLMClient
+
+    headers = bearer(key)
+
+    class KeyedClient(VLLMClient):
+        def _get(self, url: str, **kwargs: Any) -> dict:
+            return super()._get(url, headers=headers, **kwargs)
+
+        def _post(self, url: str, **kwargs: Any) -> dict:
+            return super()._post(url, headers=headers, **kwargs)
+
+    return KeyedClient(base_url=url, group_port=group_port, connection_timeout=60)
 
 
 class NoSync:

@@ -1,11 +1,19 @@
-"""Dependencies of the routes: the shared Proxy, the API key, the rollout id (from the path or the Bearer key)."""
+"""Dependencies of the routes: the shared Proxy, and who may call what.
+
+Admin routes take the admin key alone (``require_admin``). A model route takes the admin key or the rollout's own
+token (``aitlrt.common.keys.rollout_token``): ``/rollouts/<id>/v1/...`` as ``Bearer TOKEN`` (or ``ID:TOKEN``), plain
+``/v1/...`` as ``Bearer ID:TOKEN``, which also names the rollout (the admin key alone: ``_unattributed``).
+A missing or unknown credential is a 401; a rollout's valid token where it does not open the route, a 403.
+"""
 
 from __future__ import annotations
 
+import hmac
 from typing import Annotated
 
 from fastapi import Depends, Request
 
+from aitlrt.common.keys import rollout_token
 from aitlrt_server.errors import ProxyError
 from aitlrt_server.proxy import Proxy
 from aitlrt_server.store import UNATTRIBUTED, valid_rollout_id
@@ -21,9 +29,9 @@ async def get_proxy(request: Request) -> Proxy:
 ProxyDep = Annotated[Proxy, Depends(get_proxy)]
 
 
-def _api_key(request: Request) -> str | None:
+def _admin_key(request: Request) -> str:
     # Read here, not through ProxyDep: a sub-dependency costs every model call a few microseconds.
-    key: str | None = request.app.state.proxy.settings.api_key
+    key: str = request.app.state.proxy.settings.api_key
     return key
 
 
@@ -32,11 +40,38 @@ def _bearer(request: Request) -> str | None:
     return auth[7:].strip() or None if auth.lower().startswith("bearer ") else None
 
 
-async def require_key(request: Request) -> None:
-    """401 unless ``Authorization: Bearer <key>`` matches ``--api-key`` (when one is set)."""
-    key = _api_key(request)
-    if key and _bearer(request) != key:
-        raise ProxyError(401, "invalid or missing API key (Authorization: Bearer <key>)", code="invalid_api_key")
+def _same(given: str, expected: str) -> bool:
+    return hmac.compare_digest(given.encode(), expected.encode())
+
+
+def _split(token: str) -> tuple[str | None, str]:
+    """``ID:SECRET`` → (ID, SECRET); a bare ``SECRET`` → (None, SECRET). Rollout ids hold no ``:``."""
+    named, sep, secret = token.partition(":")
+    return (named, secret) if sep else (None, token)
+
+
+def _opens(key: str, rollout_id: str, secret: str) -> bool:
+    """Whether ``secret`` opens rollout ``rollout_id``'s model routes: its token, or the admin key."""
+    return _same(secret, rollout_token(key, rollout_id)) or _same(secret, key)
+
+
+def _unauthorized(how: str) -> ProxyError:
+    return ProxyError(401, f"invalid or missing API key ({how})", code="invalid_api_key")
+
+
+def _forbidden(named: str, what: str) -> ProxyError:
+    return ProxyError(403, f"the token of rollout {named!r} does not open {what}", code="forbidden")
+
+
+async def require_admin(request: Request) -> None:
+    """401 unless ``Authorization: Bearer <admin key>``; 403 for a rollout's valid ``ID:TOKEN``."""
+    key, token = _admin_key(request), _bearer(request)
+    if token is not None and _same(token, key):
+        return
+    named, secret = _split(token or "")
+    if named and valid_rollout_id(named) and _opens(key, named, secret):
+        raise _forbidden(named, f"{request.method} {request.url.path}: only the admin key does")
+    raise _unauthorized("Authorization: Bearer <admin key>")
 
 
 def _checked(rollout_id: str) -> str:
@@ -50,26 +85,41 @@ def _checked(rollout_id: str) -> str:
     return rollout_id
 
 
-async def path_rollout_id(rollout_id: str) -> str:
-    """The ``{rollout_id}`` path parameter, or an OpenAI-style 400."""
+async def path_rollout_id(request: Request, rollout_id: str) -> str:
+    """The ``{rollout_id}`` path parameter of a model route (an OpenAI-style 400 if malformed), once the Bearer key
+    is the rollout's token (``TOKEN`` or ``ID:TOKEN``) or the admin key."""
+    _checked(rollout_id)
+    key, token = _admin_key(request), _bearer(request)
+    if token is None:
+        raise _unauthorized("Authorization: Bearer <the rollout's token>")
+    if _same(token, key):
+        return rollout_id
+    named, secret = _split(token)
+    if named in (None, rollout_id) and _opens(key, rollout_id, secret):
+        return rollout_id
+    if named and valid_rollout_id(named) and _opens(key, named, secret):
+        raise _forbidden(named, f"rollout {rollout_id!r}")
+    raise _unauthorized("Authorization: Bearer <the rollout's token>")
+
+
+async def admin_path_rollout_id(rollout_id: str) -> str:
+    """The ``{rollout_id}`` path parameter of an admin route (the key is checked by ``require_admin``)."""
     return _checked(rollout_id)
 
 
 async def key_rollout_id(request: Request) -> str:
-    """Plain /v1 routes: the Bearer key is the rollout id (``KEY:ID`` when --api-key is set)."""
-    token = _bearer(request)
-    key = _api_key(request)
-    if key:
-        if token == key:
-            return UNATTRIBUTED
-        prefix = key + ":"
-        if not token or not token.startswith(prefix):
-            raise ProxyError(
-                401, "invalid or missing API key (Bearer <key> or <key>:<rollout_id>)", code="invalid_api_key"
-            )
-        return _checked(token[len(prefix) :])
-    return _checked(token) if token else UNATTRIBUTED
+    """Plain /v1 routes: the rollout named by ``Bearer ID:TOKEN`` (the admin key alone: ``_unattributed``)."""
+    key, token = _admin_key(request), _bearer(request)
+    if token is not None and _same(token, key):
+        return UNATTRIBUTED
+    named, secret = _split(token or "")
+    if not named:
+        raise _unauthorized("Authorization: Bearer <rollout_id>:<the rollout's token>")
+    if not _opens(key, _checked(named), secret):
+        raise _unauthorized("Authorization: Bearer <rollout_id>:<the rollout's token>")
+    return named
 
 
 RolloutId = Annotated[str, Depends(path_rollout_id)]
+AdminRolloutId = Annotated[str, Depends(admin_path_rollout_id)]
 KeyRolloutId = Annotated[str, Depends(key_rollout_id)]

@@ -1,5 +1,6 @@
 """The recorded model routes: ``/rollouts/{rollout_id}/v1/...``, and plain ``/v1/...`` where the Bearer key names
-the rollout. Bodies pass through raw (``Proxy.call``), not through pydantic."""
+the rollout; either takes the rollout's token or the admin key (``deps``). Bodies pass through raw
+(``Proxy.call``), not through pydantic."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request, Response
 
-from aitlrt_server.routes.deps import KeyRolloutId, ProxyDep, RolloutId, key_rollout_id, path_rollout_id, require_key
+from aitlrt_server.routes.deps import KeyRolloutId, ProxyDep, RolloutId, key_rollout_id, path_rollout_id
 
-recorded = APIRouter(prefix="/rollouts/{rollout_id}/v1", dependencies=[Depends(require_key)])
+recorded = APIRouter(prefix="/rollouts/{rollout_id}/v1")
 plain = APIRouter(prefix="/v1")
 
 

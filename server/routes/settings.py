@@ -6,9 +6,9 @@ from typing import Any
 
 from fastapi import APIRouter, Depends
 
-from aitlrt_server.routes.deps import ProxyDep, require_key
+from aitlrt_server.routes.deps import ProxyDep, require_admin
 
-router = APIRouter(dependencies=[Depends(require_key)])
+router = APIRouter(dependencies=[Depends(require_admin)])
 
 
 @router.get("/settings")

@@ -11,9 +11,9 @@ from fastapi import APIRouter, Depends
 
 from aitlrt_server.errors import ProxyError
 from aitlrt_server.routes.bodies import Probe, Reload, Resume
-from aitlrt_server.routes.deps import ProxyDep, require_key
+from aitlrt_server.routes.deps import ProxyDep, require_admin
 
-router = APIRouter(dependencies=[Depends(require_key)])
+router = APIRouter(dependencies=[Depends(require_admin)])
 
 
 @router.get("/weights")

@@ -7,6 +7,7 @@ unless the last message (or prompt) asks for a fault:
 - ``fault:error500``        500 with a plain-text body
 - ``fault:error400``        400 with an OpenAI-style body
 - ``fault:stream-drop``     (streaming) send two chunks, then cut the connection
+- ``fault:stream-longline`` (streaming) send one chunk, then one line longer than aiohttp reads (``LONG_LINE``)
 
 and ``POST /script {"match": S, "reply": R}`` makes every later call whose messages contain ``S`` answer
 ``R`` (to drive a real agent through a known edit).
@@ -28,6 +29,8 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 MODEL = "scripted"
+LONG_LINE = 2**20
+"""Bytes of the over-long stream line: over aiohttp's limit (2 x its read_bufsize of 256 KiB)."""
 REPLY_TOKENS = [("Hello", 101), (" from", 102), (" the", 103), (" script", 104)]
 
 
@@ -171,6 +174,8 @@ async def _stream(
     for n, (tok, tid) in enumerate(tokens):
         if text == "fault:stream-drop" and n == 2:
             raise RuntimeError("scripted stream drop")
+        if text == "fault:stream-longline" and n == 1:
+            yield event({"id": rid, "object": obj, "model": MODEL, "choices": [], "padding": "x" * LONG_LINE})
         last = n == len(tokens) - 1
         choice: dict[str, Any] = {
             "index": 0,

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import keyed_env
+
 
 def test_eval_compares_two_checkpoints_and_writes_a_report(served, make_repo, tmp_path):
     repo = make_repo({"calc.py": "def add(a, b):\n    return a - b\n"})
@@ -48,7 +50,7 @@ def test_eval_compares_two_checkpoints_and_writes_a_report(served, make_repo, tm
         "--out-dir",
         str(out),
     ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=keyed_env(served.url))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     table = done.stdout[done.stdout.index("metric") :]
     assert "served" in table and Path(served.model_dir).name[:24] in table

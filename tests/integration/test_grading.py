@@ -87,7 +87,7 @@ def test_webargs_tasks_gold_empty_and_breaking_patches(webargs):
     for g, task in zip(grades[8:], tasks, strict=True):  # the fix works, but another test breaks
         assert g.status == "unresolved" and g.f2p_passed == g.f2p_total == len(task.fail_to_pass)
         assert g.p2p_passed < g.p2p_total
-    assert grades[0].isolation == local_isolation(Path('/'), writable=False)[1]
+    assert grades[0].isolation == local_isolation(Path("/"), writable=False)[1]
 
 
 def test_failed_rollouts_and_bad_patches_score_zero_with_a_reason(webargs):

@@ -9,6 +9,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from aitlrt.training.weight_sync import lora_weights
+from tests.conftest import admin
 
 
 def test_lora_weights_match_the_base_names_and_the_merged_values(model_dir):
@@ -70,13 +71,17 @@ def test_a_lora_trainer_syncs_merged_weights_into_the_server(served, tokenizer, 
         if "lora_B" in name:  # as if trained: a clearly different policy
             torch.nn.init.normal_(param, std=0.1)
     probe = tokenizer("def add(a, b):\n    return a + b\n")["input_ids"]
-    before = probe_logprobs(served.vllm_url, probe)
-    version = httpx.get(f"{served.url}/weights").json()["weight_version"]
+    before = probe_logprobs(served, probe)
+    version = httpx.get(f"{served.url}/weights", headers=admin(served.url)).json()["weight_version"]
     trainer.sync_weights()  # and probes: the server against the adapter model
-    assert trainer.weight_version == httpx.get(f"{served.url}/weights").json()["weight_version"] == version + 1
+    assert (
+        trainer.weight_version
+        == httpx.get(f"{served.url}/weights", headers=admin(served.url)).json()["weight_version"]
+        == version + 1
+    )
     (probed,) = trainer._metrics["train"]["weight_probe/mean_gap"]
     assert 0 < probed < config.weight_probe_tolerance
-    after = probe_logprobs(served.vllm_url, probe)
+    after = probe_logprobs(served, probe)
     with torch.no_grad():
         expected = trainer_logprobs(trainer.model, probe)  # the adapter model itself (fp32)
     moved = sum(abs(a - b) for a, b in zip(after, before, strict=True)) / len(probe)

@@ -15,6 +15,7 @@ import torch
 
 from aitlrt.common.procs import free_port
 from aitlrt.training.advantages import group_advantages
+from tests.conftest import keyed_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -87,7 +88,8 @@ def test_two_ranks_with_unequal_rows_finish_with_whole_group_advantages(
         str(repo),
         str(out),
     ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=ROOT)
+    env = keyed_env(proxy.url)  # the ranks get the admin key as a jobscript's trainer does
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     assert sorted(p.name for p in out.glob("rank*.done")) == ["rank0.done", "rank1.done"]
     for step in (0, 1):

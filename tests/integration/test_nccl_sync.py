@@ -14,6 +14,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from tests.conftest import admin
+
 
 class RecordingClient:
     """Stands in for trl's ``VLLMClient`` after ``init_communicator``: records what would be streamed."""
@@ -25,7 +27,7 @@ class RecordingClient:
         self.prefix_cache_reset = False
 
     def update_named_params(self, metadata, named_params) -> None:
-        self.paused_during = httpx.get(f"{self.proxy_url}/weights").json()["paused"]
+        self.paused_during = httpx.get(f"{self.proxy_url}/weights", headers=admin(self.proxy_url)).json()["paused"]
         if self.fail:
             raise RuntimeError("NCCL timeout (injected)")
         self.metadata = metadata
@@ -76,8 +78,10 @@ def trainer(scripted_upstream, start_proxy, model_dir, tokenizer, tmp_path):
 
 def test_nccl_sync_holds_calls_while_streaming_and_bumps_the_version(trainer):
     trainer, url, upstream = trainer
-    assert httpx.get(f"{url}/weights").json()["upstream"] == upstream  # where the NCCL client connects
-    before = httpx.get(f"{url}/weights").json()["weight_version"]
+    assert (
+        httpx.get(f"{url}/weights", headers=admin(url)).json()["upstream"] == upstream
+    )  # where the NCCL client connects
+    before = httpx.get(f"{url}/weights", headers=admin(url)).json()["weight_version"]
     trainer.weight_sync = nccl(url, client := RecordingClient(url))
     trainer.sync_weights()
     assert trainer.weight_version == before + 1
@@ -87,17 +91,17 @@ def test_nccl_sync_holds_calls_while_streaming_and_bumps_the_version(trainer):
     assert "lm_head.weight" not in names and "model.embed_tokens.weight" in names  # tied: sent once
     assert len(names) == len(set(names)) and set(names) == set(trainer.model.state_dict()) - {"lm_head.weight"}
     assert {dtype for _, dtype, _ in client.metadata} == {"float32"}
-    after = httpx.get(f"{url}/weights").json()
+    after = httpx.get(f"{url}/weights", headers=admin(url)).json()
     assert after["weight_version"] == before + 1 and not after["paused"]
 
 
 def test_a_failed_nccl_transfer_reopens_the_proxy_on_the_old_version_and_raises(trainer):
     trainer, url, _ = trainer
-    before = httpx.get(f"{url}/weights").json()["weight_version"]
+    before = httpx.get(f"{url}/weights", headers=admin(url)).json()["weight_version"]
     trainer.weight_sync = nccl(url, RecordingClient(url, fail=True))
     with pytest.raises(RuntimeError, match="NCCL timeout"):
         trainer.sync_weights()
-    after = httpx.get(f"{url}/weights").json()
+    after = httpx.get(f"{url}/weights", headers=admin(url)).json()
     assert after == {**after, "weight_version": before, "paused": False}
 
 
@@ -131,7 +135,7 @@ def test_an_nccl_sync_that_never_reached_vllm_fails_the_weight_probe(served, tok
     )
     trainer.weight_sync = nccl(served.url, RecordingClient(served.url))  # streams nothing into vLLM
     trainer.model.train()  # as in a training step: the probe's gap goes to the train metrics
-    before = httpx.get(f"{served.url}/weights").json()["weight_version"]
+    before = httpx.get(f"{served.url}/weights", headers=admin(served.url)).json()["weight_version"]
     trainer.sync_weights()  # the policy is still the served model: the probe after resume passes
     (gap,) = trainer._metrics["train"]["weight_probe/mean_gap"]
     assert 0 < gap < config.weight_probe_tolerance
@@ -143,7 +147,7 @@ def test_an_nccl_sync_that_never_reached_vllm_fails_the_weight_probe(served, tok
                 param.add_(0.05 * torch.randn(param.shape, generator=gen))
     with pytest.raises(WeightProbeError, match=f"weight version {before + 2}.*expects weight version {before + 2}"):
         trainer.sync_weights()
-    assert httpx.get(f"{served.url}/weights").json() == {
+    assert httpx.get(f"{served.url}/weights", headers=admin(served.url)).json() == {
         "weight_version": before + 2,  # the proxy took the declared version and reopened
         "paused": False,
         "inflight": 0,

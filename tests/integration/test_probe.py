@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from aitlrt.training.probe import SamplingMismatchError, WeightProbeError, probe_token_ids
 from aitlrt.training.weight_sync import ReloadSync, proxy_request
+from tests.conftest import admin
 from tests.helpers.multirank_run import tiny_trainer
 from tests.integration.test_train import probe_logprobs
 
@@ -23,21 +24,23 @@ ONE_RANK = {"per_device_train_batch_size": 4}
 def test_the_probe_route_answers_vllms_prompt_logprobs_under_the_current_version(served, tokenizer):
     ids = probe_token_ids(tokenizer)
     assert 32 <= len(ids) <= 64
-    resp = httpx.post(f"{served.url}/weights/probe", json={"token_ids": ids}, timeout=120)
+    resp = httpx.post(f"{served.url}/weights/probe", headers=admin(served.url), json={"token_ids": ids}, timeout=120)
     assert resp.status_code == 200, resp.text
     body = resp.json()
-    assert body["weight_version"] == httpx.get(f"{served.url}/weights").json()["weight_version"]
-    assert body["model"] == httpx.get(f"{served.url}/v1/models").json()["data"][0]["id"]
-    assert body["logprobs"] == pytest.approx(probe_logprobs(served.vllm_url, ids), abs=1e-5)
+    assert (
+        body["weight_version"] == httpx.get(f"{served.url}/weights", headers=admin(served.url)).json()["weight_version"]
+    )
+    assert body["model"] == httpx.get(f"{served.url}/v1/models", headers=admin(served.url)).json()["data"][0]["id"]
+    assert body["logprobs"] == pytest.approx(probe_logprobs(served, ids), abs=1e-5)
 
     for bad in ({"token_ids": [5]}, {"token_ids": [5, "x"]}, {"token_ids": [5, -1]}, {}):
-        resp = httpx.post(f"{served.url}/weights/probe", json=bad, timeout=30)
+        resp = httpx.post(f"{served.url}/weights/probe", headers=admin(served.url), json=bad, timeout=30)
         assert resp.status_code == 400 and resp.json()["error"]["param"] == "token_ids", (bad, resp.text)
 
 
 def test_a_probe_upstream_cannot_answer_is_a_clear_502(scripted_upstream, start_proxy):
     proxy = start_proxy(scripted_upstream)
-    resp = httpx.post(f"{proxy.url}/weights/probe", json={"token_ids": [1, 2, 3]}, timeout=30)
+    resp = httpx.post(f"{proxy.url}/weights/probe", headers=admin(proxy.url), json={"token_ids": [1, 2, 3]}, timeout=30)
     assert resp.status_code == 502
     assert resp.json()["error"]["code"] == "probe_failed"
     assert "lacks the prompt logprobs" in resp.json()["error"]["message"]
@@ -120,7 +123,8 @@ def test_the_probe_passes_while_the_server_serves_the_policy_and_fails_the_step_
     # ... and step 3's sync left the server on other weights under a version the trainer accepted: the probe failed.
     assert (
         trainer.state.global_step == 2
-        and trainer.weight_version == httpx.get(f"{served.url}/weights").json()["weight_version"]
+        and trainer.weight_version
+        == httpx.get(f"{served.url}/weights", headers=admin(served.url)).json()["weight_version"]
     )
     message = str(err.value)
     assert "the server does not serve the trainer's policy" in message
@@ -131,7 +135,7 @@ def test_a_server_forcing_other_sampling_fails_at_connect_naming_both_values(
     scripted_upstream, start_proxy, make_repo, tmp_path
 ):
     proxy = start_proxy(scripted_upstream, "--temperature", "0.7", "--max-tokens", "64")
-    forced = httpx.get(f"{proxy.url}/settings").json()
+    forced = httpx.get(f"{proxy.url}/settings", headers=admin(proxy.url)).json()
     assert forced == {"sampling": {"temperature": 0.7, "top_p": 1.0, "top_k": -1, "max_tokens": 64}}
     repo = str(make_repo({"README": "tiny\n"}))
 
@@ -143,7 +147,9 @@ def test_a_server_forcing_other_sampling_fails_at_connect_naming_both_values(
     assert "it forces max_tokens=64 where the config has max_completion_length=None" in message
     assert "Restart aitlrt-serve with --temperature 1.0 --top-p 1.0 --top-k -1 (and no --max-tokens)" in message
     assert "or set temperature: 0.7, max_completion_length: 64 in the training config" in message
-    assert not httpx.get(f"{proxy.url}/rollouts").json()["rollouts"]  # failed before any rollout
+    assert not httpx.get(f"{proxy.url}/rollouts", headers=admin(proxy.url)).json()[
+        "rollouts"
+    ]  # failed before any rollout
 
     agreeing = tiny_trainer(
         proxy.url, repo, str(tmp_path / "b"), max_steps=1, temperature=0.7, max_completion_length=64, **ONE_RANK

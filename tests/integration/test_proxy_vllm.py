@@ -7,12 +7,13 @@ import os
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
 
 from aitlrt_server.upstream import SMALL_MACHINE_CPUS
-from tests.conftest import chat, trace
+from tests.conftest import admin, chat, token, trace
 
 
 def test_recorded_tokens_decode_to_what_the_agent_received(served, tokenizer):
@@ -24,7 +25,7 @@ def test_recorded_tokens_decode_to_what_the_agent_received(served, tokenizer):
     assert "logprobs" not in data["choices"][0], "the agent did not ask for logprobs"
 
     (call,) = trace(served.url, "decode-1")
-    version = httpx.get(f"{served.url}/weights").json()["weight_version"]
+    version = httpx.get(f"{served.url}/weights", headers=admin(served.url)).json()["weight_version"]
     assert call["status"] == 200 and call["weight_version"] == version and call["call_index"] == 0
     ids = call["completion_token_ids"]
     assert ids and tokenizer.decode(ids, skip_special_tokens=True) == content == call["text"]
@@ -45,7 +46,9 @@ def test_a_seeded_rollout_samples_the_same_tokens_again(served):
     CPU, other requests in vLLM's batch can change the logits' last bits, and so a near-tie's sample.)"""
 
     def rollout(rollout_id: str, seed: int) -> list[list[int]]:
-        httpx.put(f"{served.url}/rollouts/{rollout_id}", json={"seed": seed}).raise_for_status()
+        httpx.put(
+            f"{served.url}/rollouts/{rollout_id}", headers=admin(served.url), json={"seed": seed}
+        ).raise_for_status()
         for _ in range(2):
             assert chat(served.url, rollout_id, "Tell me a story about a git merge.").status_code == 200
         return [call["completion_token_ids"] for call in trace(served.url, rollout_id)]
@@ -88,12 +91,13 @@ def test_forced_sampling_params_are_what_vllm_saw(served):
     assert resp.status_code == 200, resp.text
     (call,) = trace(served.url, "forced-1")
     req = call["request"]
-    assert (req["temperature"], req["top_p"], req["top_k"], req["max_tokens"]) == (1.0, 0.95, -1, 48)
+    # the run's sampling; the agent's max_tokens under the run's cap of 48
+    assert (req["temperature"], req["top_p"], req["top_k"], req["max_tokens"]) == (1.0, 0.95, -1, 3)
     assert "presence_penalty" not in req
     # vLLM logs the SamplingParams it built for this very request id (--enable-log-requests).
     line = wait_for_log_line(served.vllm_log, f"Received request {call['response_id']}")
     params = re.search(r"SamplingParams\((.*?)\), lora_request", line).group(1)
-    assert "temperature=1.0" in params and "top_p=0.95" in params and "max_tokens=48" in params
+    assert "temperature=1.0" in params and "top_p=0.95" in params and "max_tokens=3" in params
     assert "presence_penalty=0.0" in params
     assert re.search(r"top_k=(0|-1)\b", params), params
 
@@ -105,6 +109,7 @@ def test_streaming_and_non_streaming_give_equal_records(served, tokenizer):
     with httpx.stream(
         "POST",
         f"{served.url}/rollouts/stream-b/v1/chat/completions",
+        headers=token(served.url, "stream-b"),
         timeout=300,
         json={
             "model": "x",
@@ -136,7 +141,7 @@ def test_32_concurrent_requests_over_8_rollouts_do_not_cross(served, tokenizer):
     with ThreadPoolExecutor(32) as pool:
         results = list(pool.map(lambda job: chat(served.url, job[0], job[1], max_tokens=4), jobs))
     assert all(r.status_code == 200 for r in results), [r.text for r in results if r.status_code != 200]
-    listing = httpx.get(f"{served.url}/rollouts").json()["rollouts"]
+    listing = httpx.get(f"{served.url}/rollouts", headers=admin(served.url)).json()["rollouts"]
     for r in range(8):
         calls = trace(served.url, f"conc-{r}")
         assert listing[f"conc-{r}"] == 4
@@ -155,6 +160,7 @@ def test_completions_route_with_token_id_prompt(served, tokenizer):
     prompt_ids = tokenizer("def add(a, b):")["input_ids"]
     resp = httpx.post(
         f"{served.url}/rollouts/compl-1/v1/completions",
+        headers=token(served.url, "compl-1"),
         timeout=120,
         json={"model": "x", "prompt": prompt_ids, "max_tokens": 6},
     )
@@ -164,7 +170,7 @@ def test_completions_route_with_token_id_prompt(served, tokenizer):
     (call,) = trace(served.url, "compl-1")
     assert call["endpoint"] == "completions"
     assert call["prompt_token_ids"] == prompt_ids
-    # vLLM's text leaves out a sampled end-of-sequence token; the recorded ids keep it (the proxy forces 48 tokens)
+    # vLLM's text leaves out a sampled end-of-sequence token; the recorded ids keep it
     assert tokenizer.decode(call["completion_token_ids"], skip_special_tokens=True) == choice["text"] == call["text"]
     assert len(call["logprobs"]) == len(call["completion_token_ids"])
 
@@ -179,37 +185,52 @@ def test_agent_requested_logprobs_are_kept(served):
 
 def test_bearer_key_names_the_rollout_on_plain_v1_routes(served):
     body = {"model": "x", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
-    resp = httpx.post(
-        f"{served.url}/v1/chat/completions", json=body, timeout=120, headers={"Authorization": "Bearer keyed-rollout-7"}
-    )
+    keyed = {"Authorization": f"Bearer keyed-rollout-7:{token(served.url, 'keyed-rollout-7')['Authorization'][7:]}"}
+    resp = httpx.post(f"{served.url}/v1/chat/completions", json=body, timeout=120, headers=keyed)
     assert resp.status_code == 200, resp.text
     assert len(trace(served.url, "keyed-rollout-7")) == 1
-    resp = httpx.post(f"{served.url}/v1/chat/completions", json=body, timeout=120)
+    assert httpx.post(f"{served.url}/v1/chat/completions", json=body, timeout=120).status_code == 401
+    resp = httpx.post(f"{served.url}/v1/chat/completions", json=body, timeout=120, headers=admin(served.url))
     assert resp.status_code == 200
     assert len(trace(served.url, "_unattributed")) >= 1
-    models = httpx.get(f"{served.url}/rollouts/any/v1/models").json()
+    models = httpx.get(f"{served.url}/rollouts/any/v1/models", headers=token(served.url, "any")).json()
     assert models["data"][0]["id"] == served.model_dir.name
+
+
+def test_vllm_takes_only_its_key_and_no_command_line_shows_a_key(served):
+    assert httpx.get(f"{served.vllm_url}/v1/models", timeout=30).status_code == 401
+    assert httpx.get(f"{served.vllm_url}/v1/models", headers=served.vllm_headers, timeout=30).status_code == 200
+    admin_key = admin(served.url)["Authorization"][7:]
+    vllm_key = served.vllm_headers["Authorization"][7:]
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:  # not a process, or one that has gone
+            continue
+        assert admin_key not in cmdline and vllm_key not in cmdline, f"a key on {proc.name}'s command line"
 
 
 def test_bad_input_gets_openai_style_4xx(served):
     url = served.url
+    mine = token(url, "bad-1")
     cases = [
         (
             httpx.post(
                 f"{url}/rollouts/bad-1/v1/chat/completions",
                 content=b"{not json",
-                headers={"content-type": "application/json"},
+                headers={"content-type": "application/json", **mine},
             ),
             400,
             "invalid_json",
         ),
-        (httpx.post(f"{url}/rollouts/bad-1/v1/chat/completions", json={"model": "x"}), 400, None),
-        (httpx.post(f"{url}/rollouts/bad-1/v1/chat/completions", json={"messages": "hi"}), 400, None),
-        (httpx.post(f"{url}/rollouts/bad-1/v1/chat/completions", json=[1, 2]), 400, "invalid_json"),
+        (httpx.post(f"{url}/rollouts/bad-1/v1/chat/completions", json={"model": "x"}, headers=mine), 400, None),
+        (httpx.post(f"{url}/rollouts/bad-1/v1/chat/completions", json={"messages": "hi"}, headers=mine), 400, None),
+        (httpx.post(f"{url}/rollouts/bad-1/v1/chat/completions", json=[1, 2], headers=mine), 400, "invalid_json"),
         (
             httpx.post(
                 f"{url}/rollouts/bad-1/v1/chat/completions",
                 json={"messages": [{"role": "user", "content": "x"}], "n": 3},
+                headers=mine,
             ),
             400,
             None,
@@ -217,14 +238,14 @@ def test_bad_input_gets_openai_style_4xx(served):
         (httpx.post(f"{url}/rollouts/bad%20id/v1/chat/completions", json={}), 400, "invalid_rollout_id"),
         (httpx.post(f"{url}/rollouts/{'x' * 200}/v1/chat/completions", json={}), 400, "invalid_rollout_id"),
         (
-            httpx.post(f"{url}/v1/chat/completions", json={}, headers={"Authorization": "Bearer a/b c"}),
+            httpx.post(f"{url}/v1/chat/completions", json={}, headers={"Authorization": "Bearer a/b c:t"}),
             400,
             "invalid_rollout_id",
         ),
         (httpx.get(f"{url}/no/such/route"), 404, None),
-        (httpx.get(f"{url}/rollouts/never-seen"), 404, "rollout_not_found"),
+        (httpx.get(f"{url}/rollouts/never-seen", headers=admin(url)), 404, "rollout_not_found"),
         (httpx.put(f"{url}/rollouts/x/v1/chat/completions"), 405, None),
-        (httpx.post(f"{url}/weights/reload", json={}), 400, None),
+        (httpx.post(f"{url}/weights/reload", headers=admin(url), json={}), 400, None),
     ]
     for resp, status, code in cases:
         assert resp.status_code == status, (resp.request.url, resp.text)
@@ -241,18 +262,18 @@ def test_bad_input_gets_openai_style_4xx(served):
 
 def test_delete_and_listing(served):
     assert chat(served.url, "del-1", "Hi", max_tokens=2).status_code == 200
-    assert "del-1" in httpx.get(f"{served.url}/rollouts").json()["rollouts"]
-    assert httpx.delete(f"{served.url}/rollouts/del-1").status_code == 200
-    assert httpx.get(f"{served.url}/rollouts/del-1").status_code == 404
-    assert httpx.delete(f"{served.url}/rollouts/del-1").status_code == 404
-    assert "del-1" not in httpx.get(f"{served.url}/rollouts").json()["rollouts"]
+    assert "del-1" in httpx.get(f"{served.url}/rollouts", headers=admin(served.url)).json()["rollouts"]
+    assert httpx.delete(f"{served.url}/rollouts/del-1", headers=admin(served.url)).status_code == 200
+    assert httpx.get(f"{served.url}/rollouts/del-1", headers=admin(served.url)).status_code == 404
+    assert httpx.delete(f"{served.url}/rollouts/del-1", headers=admin(served.url)).status_code == 404
+    assert "del-1" not in httpx.get(f"{served.url}/rollouts", headers=admin(served.url)).json()["rollouts"]
 
 
 def test_health_and_metrics(served):
     health = httpx.get(f"{served.url}/health").json()
     assert health["status"] == "ok"
     assert chat(served.url, "metrics-1", "Hi", max_tokens=2).status_code == 200
-    text = httpx.get(f"{served.url}/metrics").text
+    text = httpx.get(f"{served.url}/metrics", headers=admin(served.url)).text
     ok = re.search(r'aitlrt_requests_total\{endpoint="chat",status="200"\} (\d+)', text)
     assert ok and int(float(ok.group(1))) >= 1
     assert re.search(r"aitlrt_completion_tokens_total [1-9]", text)

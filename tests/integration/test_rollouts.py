@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -18,6 +19,7 @@ from aitlrt.rollout.agents.aider import AiderAgent, WarmAiderAgent, aider_venv
 from aitlrt.rollout.agents.base import AgentExit, AgentTask, ModelEndpoint
 from aitlrt.rollout.agents.single_call import SingleCallAgent
 from aitlrt.rollout.runner import RolloutOutcome, RolloutRequest, RolloutRunner
+from tests.conftest import keyed_env
 
 BASE = "def add(a, b):\n    return a - b\n\n\ndef sub(a, b):\n    return a - b\n"
 FIXED = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
@@ -110,6 +112,87 @@ def test_aider_reminder_setting_shapes_the_request(reminder, repo, scripted_upst
     assert messages[0]["role"] == "system" and RULES in messages[0]["content"]
     assert messages[-1]["role"] == "user" and marker in messages[-1]["content"]
     assert (RULES in messages[-1]["content"]) == (reminder == "user")
+
+
+def git_poison(marker) -> str:
+    """A config section that would run a command (and forge the patch) when git next diffs in that repository."""
+    return f'[diff]\n\texternal = "touch {marker}; echo diff --git a/forged b/forged #"\n'
+
+
+def attack_reply(edit_format: str, path: str, content: str) -> str:
+    """An answer that writes ``content`` to ``path`` and fixes calc.py."""
+    if edit_format == "whole":
+        return f"{path}\n```\n{content}```\n\ncalc.py\n```python\n{FIXED}```\n"
+    return (
+        f"{path}\n```\n<<<<<<< SEARCH\n=======\n{content}>>>>>>> REPLACE\n```\n\n"
+        "calc.py\n```python\n<<<<<<< SEARCH\ndef add(a, b):\n    return a - b\n=======\n"
+        "def add(a, b):\n    return a + b\n>>>>>>> REPLACE\n```\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("agent_class", "edit_format", "attack"),
+    [
+        (AiderAgent, "whole", "git"),
+        (AiderAgent, "diff", "git"),
+        (WarmAiderAgent, "whole", "git"),
+        (WarmAiderAgent, "diff", "outside"),
+        (AiderAgent, "whole", "outside"),
+    ],
+)
+def test_aider_refuses_edits_under_git_or_outside_the_repository(
+    agent_class, edit_format, attack, repo, scripted_upstream, start_proxy, tmp_path
+):
+    """Under ``--yes-always`` Aider itself applies an edit to ``pkg/../.git/config`` (its config then runs a
+    command at the next ``git diff``); the CLI and the warm workers run it with ``edit_guard``."""
+    src, base = repo
+    proxy = start_proxy(scripted_upstream)
+    marker, outside = tmp_path / "pwned", tmp_path / "outside.txt"
+    path, content, why = {
+        "git": ("pkg/../.git/config", git_poison(marker), "it is under .git"),
+        "outside": (str(outside), "escaped\n", "it is outside the repository"),
+    }[attack]
+    tag = f"ATTACK-{agent_class.__name__}-{edit_format}-{attack}"
+    script(scripted_upstream, tag, attack_reply(edit_format, path, content))
+    task = AgentTask("attack", f"{tag}: fix add() in calc.py", ("calc.py",))
+    agent = agent_class(edit_format=edit_format)
+    try:
+        (out,) = rollouts(agent, proxy.url, tmp_path, [RolloutRequest(f"attack-{attack}", task, src, base)])
+    finally:
+        if isinstance(agent, WarmAiderAgent):
+            agent.close()
+    assert out.status == "ok", (out.reason, out.log_tail)
+    assert f"Refusing edits to {path}: {why}" in " ".join(out.log_tail.split())  # Aider wraps its lines
+    assert out.patch == expected_patch(tmp_path, src, base, {"calc.py": FIXED}), "the fix alone, untouched .git"
+    assert not marker.exists() and not outside.exists()
+
+
+@dataclass
+class TamperingAgent:
+    """An agent that got past every path check: after one answered call it poisons its ``.git/config``."""
+
+    marker: Path
+    name: str = "tampering"
+
+    def run(self, task: AgentTask, ws: Workspace, endpoint: ModelEndpoint, timeout_s: float) -> AgentExit:
+        body = {"model": endpoint.model, "messages": [{"role": "user", "content": "hello"}]}
+        headers = {"Authorization": f"Bearer {endpoint.api_key}"}
+        httpx.post(f"{endpoint.base_url}/chat/completions", json=body, headers=headers, timeout=30).raise_for_status()
+        with open(ws.repo / ".git" / "config", "a") as f:
+            f.write(git_poison(self.marker))
+        (ws.repo / "calc.py").write_text(FIXED)
+        return AgentExit(0, False, "", 0.0)
+
+
+def test_a_rollout_that_changed_its_git_directory_has_its_patch_refused(repo, scripted_upstream, start_proxy, tmp_path):
+    src, base = repo
+    proxy = start_proxy(scripted_upstream)
+    marker = tmp_path / "pwned"
+    task = AgentTask("tamper", "anything")
+    (out,) = rollouts(TamperingAgent(marker), proxy.url, tmp_path, [RolloutRequest("tamper-1", task, src, base)])
+    assert out.status == "no_patch" and out.patch == "" and out.calls == 1
+    assert "patch refused: the agent changed .git/config" in out.reason
+    assert not marker.exists()
 
 
 def test_16_concurrent_rollouts_do_not_cross(repo, scripted_upstream, start_proxy, tmp_path):
@@ -277,7 +360,7 @@ def test_rollout_cli_runs_tasks_and_reports_bad_rows(repo, scripted_upstream, st
         "--rewards",
         "non_empty_patch,patch_similarity",
     ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=keyed_env(proxy.url))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "statuses: ok=2" in done.stdout
     assert "rollouts 2/2 done, 0 running | 2 with a patch, 0 failed outside the policy" in done.stdout
@@ -288,7 +371,7 @@ def test_rollout_cli_runs_tasks_and_reports_bad_rows(repo, scripted_upstream, st
     assert [r["rewards"] for r in rows] == [{"non_empty_patch": 1.0, "patch_similarity": 0.0}] * 2
 
     tasks.write_text(tasks.read_text() + json.dumps({"instance_id": "broken-7", "problem_statement": "x"}) + "\n")
-    bad = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    bad = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=keyed_env(proxy.url))
     assert bad.returncode == 0 and "statuses: ok=2" in bad.stdout, bad.stdout + bad.stderr
     assert "skipping bad row" in bad.stderr and "tasks.jsonl:2 (task broken-7): no repository source" in bad.stderr
 

@@ -24,7 +24,7 @@ import pytest
 from aitlrt.common.procs import free_port
 from aitlrt.serving.process import ServeProcess
 from aitlrt_server.upstream import GUARD_GRACE_S, VLLMServer
-from tests.conftest import alive, chat
+from tests.conftest import admin, alive, chat, keyed_env
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -241,8 +241,9 @@ def test_real_vllm_dies_with_a_sigkilled_aitlrt_serve(model_dir: Path, tmp_path:
         time.sleep(1)
         assert port_open(vllm_port) and all(alive(pid) for pid in vllm_pids)
         attached = start_proxy(f"http://127.0.0.1:{vllm_port}")  # re-attaches (start_proxy waits for a 200 /health)
-        health = httpx.get(f"{attached.url}/health", timeout=10).json()
-        assert health["status"] == "ok" and health["upstream"] == f"http://127.0.0.1:{vllm_port}"
+        assert httpx.get(f"{attached.url}/health", timeout=10).json()["status"] == "ok"
+        state = httpx.get(f"{attached.url}/weights", headers=admin(attached.url), timeout=10).json()
+        assert state["upstream"] == f"http://127.0.0.1:{vllm_port}"
 
         serve.kill()  # SIGKILL
         eventually(lambda: not port_open(vllm_port), 30, "vLLM's port still open")
@@ -254,7 +255,7 @@ def test_real_vllm_dies_with_a_sigkilled_aitlrt_serve(model_dir: Path, tmp_path:
 
 def inflight(proxy_url: str) -> float:
     """aitlrt-serve's count of model calls in flight (its Prometheus gauge)."""
-    text = httpx.get(f"{proxy_url}/metrics", timeout=5).text
+    text = httpx.get(f"{proxy_url}/metrics", headers=admin(proxy_url), timeout=5).text
     return float(next(line.split()[1] for line in text.splitlines() if line.startswith("aitlrt_inflight ")))
 
 
@@ -313,7 +314,10 @@ def test_a_run_stopped_mid_rollout_takes_its_agents_along(
     cmd = [sys.executable, "-m", "aitlrt.cli", "eval", "--tasks", str(tasks), "--proxy", proxy.url]
     cmd += ["--checkpoint", "served", "--agent", "aider-warm", "--n", "2", "--timeout", "600"]
     with open(tmp_path / "eval.log", "wb") as log:
-        run = subprocess.Popen([*cmd, "--out-dir", str(tmp_path / "eval")], stdout=log, stderr=subprocess.STDOUT)
+        env = keyed_env(proxy.url)  # a server it did not start: its key from the environment
+        run = subprocess.Popen(
+            [*cmd, "--out-dir", str(tmp_path / "eval")], stdout=log, stderr=subprocess.STDOUT, env=env
+        )
     cleanup.append(run.pid)
     eventually(lambda: inflight(proxy.url) == 2, 120, "the agents never called the model")
     workers = children(run.pid, "aider_worker.py")
@@ -359,7 +363,8 @@ def test_sigterm_stops_a_two_rank_training_run_and_its_agents(
     cmd += ["--report_to", "none", "--rollout_timeout_s", "600", "--rollout_concurrency", "2"]
     log_path = tmp_path / "train.log"
     with open(log_path, "wb") as log:
-        run = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=root)
+        env = keyed_env(proxy.url)  # the ranks get the admin key as a jobscript's trainer does
+        run = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=root, env=env)
     cleanup.append(run.pid)
     eventually(lambda: inflight(proxy.url) == 4 or run.poll() is not None, 300, "the agents never called the model")
     assert run.poll() is None, log_path.read_text()[-5000:]

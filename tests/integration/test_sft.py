@@ -17,7 +17,7 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
 from aitlrt.warmstart.sft import METRICS_FILE, RESULT_FILE, run_sft
-from tests.conftest import chat
+from tests.conftest import admin, chat
 
 ROOT = Path(__file__).resolve().parents[2]
 SYSTEM = """Act as an expert software developer.
@@ -118,7 +118,7 @@ def changed_tensors(folder: Path, base: Path) -> list[str]:
 
 
 def reload_and_answer(url: str, folder: Path, rollout: str) -> None:
-    resp = httpx.post(f"{url}/weights/reload", json={"path": str(folder)}, timeout=300)
+    resp = httpx.post(f"{url}/weights/reload", headers=admin(url), json={"path": str(folder)}, timeout=300)
     assert resp.status_code == 200, resp.text
     answer = chat(url, rollout, trajectory_line(0)["prompt"][-1]["content"], max_tokens=16)
     assert answer.status_code == 200, answer.text

@@ -12,6 +12,7 @@ from aitlrt.rollout.batch import served_model
 from aitlrt.tasks.difficulty import TaskDifficulty, read_difficulty, write_difficulty
 from aitlrt.training.curriculum import CurriculumSampler
 from aitlrt.training.dataset import generated_tasks
+from tests.conftest import keyed_env
 
 
 def test_probe_writes_the_sidecar_the_curriculum_draws_from(served, tmp_path):
@@ -40,7 +41,7 @@ def test_probe_writes_the_sidecar_the_curriculum_draws_from(served, tmp_path):
         "300",
         "--merge",
     ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=keyed_env(served.url))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
     records = read_difficulty(sidecar)

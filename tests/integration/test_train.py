@@ -15,6 +15,7 @@ import torch
 from aitlrt.training.probe import probe_gap
 from aitlrt.training.rows import build_rows
 from aitlrt.training.trainer import AgentGRPOTrainer
+from tests.conftest import Served, admin
 
 TASK = "marshmallow-code__webargs.dbde72fe.pr_974"
 WEIGHTS = [1.0, 0.5, 0.01]
@@ -47,16 +48,17 @@ class Recording(AgentGRPOTrainer):
         return batch
 
 
-def probe_logprobs(vllm_url: str, ids: list[int]) -> list[float]:
+def probe_logprobs(served: Served, ids: list[int]) -> list[float]:
     """The server's logprob of each token of ``ids`` given the ones before (prompt logprobs, straight from vLLM)."""
+    url, headers = served.vllm_url, served.vllm_headers
     body = {
-        "model": httpx.get(f"{vllm_url}/v1/models").json()["data"][0]["id"],
+        "model": httpx.get(f"{url}/v1/models", headers=headers).json()["data"][0]["id"],
         "prompt": ids,
         "max_tokens": 1,
         "prompt_logprobs": 0,
         "temperature": 1.0,
     }
-    out = httpx.post(f"{vllm_url}/v1/completions", json=body, timeout=120).raise_for_status().json()
+    out = httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=120).raise_for_status().json()
     entries = out["choices"][0]["prompt_logprobs"][1:]
     return [entry[str(tok)]["logprob"] for entry, tok in zip(entries, ids[1:], strict=True)]
 
@@ -101,8 +103,8 @@ def test_two_grpo_steps_with_real_agents(served, data_dir, tokenizer, tmp_path, 
     model = AutoModelForCausalLM.from_pretrained(served.model_dir, dtype=torch.float32)
     probe_text = "def add(a, b):\n    return a + b\n\n\ndef mean(xs):\n    return sum(xs) / len(xs)\n"
     probe = tokenizer(probe_text)["input_ids"]  # several lines: a mean gap over enough tokens to be stable
-    server_before, trainer_before = probe_logprobs(served.vllm_url, probe), trainer_logprobs(model, probe)
-    version_before = httpx.get(f"{served.url}/weights").json()["weight_version"]
+    server_before, trainer_before = probe_logprobs(served, probe), trainer_logprobs(model, probe)
+    version_before = httpx.get(f"{served.url}/weights", headers=admin(served.url)).json()["weight_version"]
 
     trainer = Recording(
         model=model,
@@ -119,7 +121,7 @@ def test_two_grpo_steps_with_real_agents(served, data_dir, tokenizer, tmp_path, 
     assert (Path(config.output_dir) / "checkpoint-2" / "model.safetensors").exists()
 
     # The runner released every finished rollout on the proxy; the journal on disk kept their calls.
-    held = httpx.get(f"{served.url}/rollouts").json()["rollouts"]
+    held = httpx.get(f"{served.url}/rollouts", headers=admin(served.url)).json()["rollouts"]
     assert not any(o.rollout_id in held for outcomes in trainer.outcomes for o in outcomes)
     journal: dict[str, list[dict]] = {}
     for line in (served.run_dir / "calls.jsonl").read_text().splitlines():
@@ -160,9 +162,9 @@ def test_two_grpo_steps_with_real_agents(served, data_dir, tokenizer, tmp_path, 
     staleness = [e["staleness/1"] for e in trainer.state.log_history if "staleness/1" in e]
     assert staleness == [0.0, 1.0]  # step 2's rows one version behind the trainer, which the IS ratio corrects
     # The sync reached the server: version advanced once (before step 2), and its logprobs moved with the trainer's.
-    assert httpx.get(f"{served.url}/weights").json()["weight_version"] == version_before + 1
+    assert httpx.get(f"{served.url}/weights", headers=admin(served.url)).json()["weight_version"] == version_before + 1
     trainer.sync_weights()
-    server_after, trainer_after = probe_logprobs(served.vllm_url, probe), trainer_logprobs(trainer.model, probe)
+    server_after, trainer_after = probe_logprobs(served, probe), trainer_logprobs(trainer.model, probe)
     moved = probe_gap(trainer_after, trainer_before).mean
     assert moved > 0.1, "the policy hardly changed: nothing to check the sync with"
     # The server now serves the trained policy: far closer to it than the weights it served before the sync (a

@@ -9,11 +9,11 @@ import httpx
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.conftest import chat, trace
+from tests.conftest import admin, chat, trace
 
 
 def _reload(url: str, path) -> dict:
-    resp = httpx.post(f"{url}/weights/reload", json={"path": str(path)}, timeout=300)
+    resp = httpx.post(f"{url}/weights/reload", headers=admin(url), json={"path": str(path)}, timeout=300)
     assert resp.status_code == 200, resp.text
     return resp.json()
 
@@ -34,7 +34,7 @@ def test_reload_changes_output_and_restores_it_bit_for_bit(served, tmp_path):
             weights[name] = (w.float() + 0.05 * torch.randn(w.shape, generator=gen)).to(w.dtype)
     save_file(weights, perturbed / "model.safetensors", metadata={"format": "pt"})
 
-    v0 = httpx.get(f"{served.url}/weights").json()["weight_version"]
+    v0 = httpx.get(f"{served.url}/weights", headers=admin(served.url)).json()["weight_version"]
     before = _sample(served.url, "reload-before")
     assert before["weight_version"] == v0
 
@@ -49,16 +49,16 @@ def test_reload_changes_output_and_restores_it_bit_for_bit(served, tmp_path):
     assert after["completion_token_ids"] == before["completion_token_ids"]
     assert after["logprobs"] == before["logprobs"]
 
-    text = httpx.get(f"{served.url}/metrics").text
+    text = httpx.get(f"{served.url}/metrics", headers=admin(served.url)).text
     assert f"aitlrt_weight_version {float(v0 + 2)}" in text
 
 
 def test_reload_of_a_path_without_weights_fails_clearly_and_keeps_the_version(served, tmp_path):
-    v0 = httpx.get(f"{served.url}/weights").json()["weight_version"]
+    v0 = httpx.get(f"{served.url}/weights", headers=admin(served.url)).json()["weight_version"]
     for path in ("/nonexistent/weights", str(tmp_path)):
-        resp = httpx.post(f"{served.url}/weights/reload", json={"path": path}, timeout=120)
+        resp = httpx.post(f"{served.url}/weights/reload", headers=admin(served.url), json={"path": path}, timeout=120)
         assert resp.status_code == 400
         assert "no *.safetensors" in resp.json()["error"]["message"]
-    state = httpx.get(f"{served.url}/weights").json()
+    state = httpx.get(f"{served.url}/weights", headers=admin(served.url)).json()
     assert state == {"weight_version": v0, "paused": False, "inflight": 0, "upstream": served.vllm_url}
     assert chat(served.url, "after-failed-reload", "Hi", max_tokens=2).status_code == 200

@@ -23,7 +23,7 @@ def test_prepare_request_forces_the_runs_sampling_and_asks_for_ids():
     }
     out, asked = prepare_request(body, "chat", RUN, "served")
     assert out["model"] == "served" and out["seed"] == 3
-    assert {k: out[k] for k in RUN} == RUN
+    assert {k: out[k] for k in RUN} == {**RUN, "max_tokens": 5}, "the agent's cap, under the run's"
     assert "presence_penalty" not in out and "max_completion_tokens" not in out
     assert out["logprobs"] is True and out["return_token_ids"] is True
     assert out["stream_options"] == {"include_usage": True}
@@ -38,6 +38,72 @@ def test_prepare_request_rejects_bad_chat_bodies(body):
     with pytest.raises(ProxyError) as err:
         prepare_request(body, "chat", RUN, "m")
     assert err.value.status == 400
+
+
+@pytest.mark.parametrize(
+    ("asked", "run_cap", "sent"),
+    [
+        ({"max_tokens": 24}, None, 24),  # no run cap: the agent's (it was dropped: generation to the context limit)
+        ({"max_completion_tokens": 24}, None, 24),
+        ({"max_tokens": 500}, 64, 64),  # capped by the run's
+        ({"max_tokens": 500, "max_completion_tokens": 10}, 64, 10),  # the newer name wins, as at OpenAI
+        ({}, 64, 64),
+        ({}, None, None),
+    ],
+)
+def test_the_agents_max_tokens_is_honoured_up_to_the_runs(asked, run_cap, sent):
+    run = {"temperature": 1.0} | ({"max_tokens": run_cap} if run_cap else {})
+    out, _ = prepare_request({"messages": [{"role": "user", "content": "x"}], **asked}, "chat", run, "m")
+    assert out.get("max_tokens") == sent and "max_completion_tokens" not in out
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, "24", True])
+def test_a_bad_max_tokens_is_a_400_naming_it(bad):
+    with pytest.raises(ProxyError) as err:
+        prepare_request({"prompt": "x", "max_tokens": bad}, "completions", RUN, "m")
+    assert err.value.status == 400 and err.value.param == "max_tokens"
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "extra", "param"),
+    [
+        ("chat", {"use_beam_search": True}, "use_beam_search"),
+        ("chat", {"allowed_token_ids": [1, 2]}, "allowed_token_ids"),
+        ("chat", {"bad_words": ["x"]}, "bad_words"),
+        ("chat", {"min_tokens": 5}, "min_tokens"),
+        ("chat", {"ignore_eos": True}, "ignore_eos"),
+        ("chat", {"stop_token_ids": [2]}, "stop_token_ids"),
+        ("chat", {"structured_outputs": {"regex": "a+"}}, "structured_outputs"),
+        ("chat", {"guided_json": {"type": "object"}}, "guided_json"),
+        ("chat", {"response_format": {"type": "json_object"}}, "response_format"),
+        ("chat", {"tool_choice": "required"}, "tool_choice"),
+        ("chat", {"prompt_logprobs": 1}, "prompt_logprobs"),
+        ("chat", {"vllm_xargs": {"k": 1}}, "vllm_xargs"),
+        ("completions", {"echo": True}, "echo"),
+        ("completions", {"prompt": ["one", "two"]}, "prompt"),  # several prompts: several answers in one call
+        ("completions", {"prompt": [[1, 2], [3]]}, "prompt"),
+    ],
+)
+def test_fields_that_change_the_sampling_are_refused_openai_style(endpoint, extra, param):
+    body = {"messages": [{"role": "user", "content": "x"}]} if endpoint == "chat" else {"prompt": "x"}
+    with pytest.raises(ProxyError) as err:
+        prepare_request({**body, **extra}, endpoint, RUN, "m")
+    assert err.value.status == 400 and err.value.param == param, err.value.message
+
+
+def test_only_allow_listed_fields_reach_vllm():
+    body = {
+        "messages": [{"role": "user", "content": "x"}],
+        "logit_bias": {"5": 100},  # a sampling parameter: dropped, as temperature is
+        "min_tokens": 0,  # neutral values of refused fields: dropped
+        "ignore_eos": False,
+        "some_future_vllm_field": 1,  # unknown: dropped
+        "tools": [{"type": "function", "function": {"name": "f"}}],
+        "tool_choice": "auto",
+        "stop": ["\n\n"],
+    }
+    out, _ = prepare_request(body, "chat", RUN, "m")
+    assert set(out) == {"messages", "tools", "tool_choice", "stop", "model", "logprobs", "return_token_ids"} | set(RUN)
 
 
 def test_completions_logprobs_the_agent_asked_for_are_kept():

@@ -660,10 +660,12 @@ def fake_stack(tmp_path: Path, config: Path):
 while [ $# -gt 0 ]; do if [ "$1" = --port ]; then port=$2; fi; shift; done
 mkdir -p "$FAKE_DIR/www" && touch "$FAKE_DIR/www/health"
 echo $$ > "$FAKE_DIR/serve.pid"
+printf '%s' "${{AITLRT_API_KEY:-}}" > "$FAKE_DIR/serve.key"
 exec {sys.executable} -m http.server --bind 127.0.0.1 --directory "$FAKE_DIR/www" "$port"
 """,
         "venv/bin/accelerate": """#!/usr/bin/env bash
 printf '%s\\n' "$@" > "$FAKE_DIR/train.args${SLURM_PROCID:+.$SLURM_PROCID}"
+printf '%s' "${AITLRT_API_KEY:-}" > "$FAKE_DIR/train.key"
 echo "$CUDA_VISIBLE_DEVICES" > "$FAKE_DIR/train.devices"
 trap 'kill $! 2>/dev/null; echo stopped > "$FAKE_DIR/train.stopped"; exit 143' TERM
 case $FAKE_TRAIN in
@@ -740,6 +742,22 @@ def test_real_run_trains_then_stops_the_server(fake_stack):
     proc = start("fail")
     proc.communicate(timeout=30)
     assert proc.returncode == 3  # the trainer's status is the job's
+
+
+def test_real_run_gives_server_and_trainer_one_key_in_their_environment(fake_stack, tmp_path: Path):
+    fake, start = fake_stack
+    keys = []
+    for _ in range(2):  # a requeued job keeps its key
+        proc = start("ok")
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        key_file = tmp_path / "run" / "serve" / "api_key"
+        keys.append(key_file.read_text())
+        assert re.fullmatch(r"[0-9a-f]{64}", keys[-1]) and key_file.stat().st_mode & 0o777 == 0o600
+        assert (fake / "serve.key").read_text() == (fake / "train.key").read_text() == keys[-1]
+        shown = err + (fake / "train.args").read_text()
+        assert keys[-1] not in shown, "the key on a command line or in the log"
+    assert keys[0] == keys[1]
 
 
 def test_sigusr1_stops_training_and_requeues(fake_stack):

@@ -3,7 +3,8 @@
 Its pins conflict with trl/vLLM, so it never shares our environment: ``jobs/setup.sh`` builds its venv under
 ``$AITLRT_HOME/aider-venv`` (or ``$AITLRT_AIDER_VENV``). The weak model (summaries, commit messages) is the
 policy under the name ``<model>-weak``, whose calls carry the ``X-AITLRT-Tag: weak`` header so the trainer
-can tell them apart.
+can tell them apart. Both ways of running it (the CLI, warm workers) install ``edit_guard``: an edit outside the
+repository or under ``.git`` is refused, and the model is told so.
 """
 
 from __future__ import annotations
@@ -92,7 +93,9 @@ class AiderAgent:
             raise ValueError(f"Aider's reminder is one of {', '.join(REMINDERS)}, not {self.reminder!r}")
 
     def command(self, task: AgentTask, ws: Workspace, endpoint: ModelEndpoint) -> list[str]:
-        return [str(self.venv / "bin" / "aider"), *self.arguments(task, ws, endpoint)]
+        """Aider's command line, run through ``edit_guard`` (edits outside the repository or under ``.git`` refused)."""
+        guard = Path(__file__).with_name("edit_guard.py")
+        return [str(self.venv / "bin" / "python"), str(guard), *self.arguments(task, ws, endpoint)]
 
     def arguments(self, task: AgentTask, ws: Workspace, endpoint: ModelEndpoint) -> list[str]:
         """Aider's command-line arguments for one rollout (writes the settings files into ``ws.scratch``)."""

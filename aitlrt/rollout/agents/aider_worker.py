@@ -1,4 +1,5 @@
-"""A warm Aider worker. Runs with the Python of Aider's own venv, by path (it imports nothing of ours).
+"""A warm Aider worker. Runs with the Python of Aider's own venv, by path (it imports nothing of ours but its
+sibling ``edit_guard``, which keeps every edit inside the job's repository and out of its ``.git``).
 
 It pays Aider's start-up (importing litellm, ~3 s) once, then runs jobs one at a time by calling Aider's own
 ``aider.main.main(argv)`` in-process, so a job behaves exactly like the CLI with the same arguments (down to waiting,
@@ -70,6 +71,8 @@ def main() -> None:
     if len(sys.argv) > 1:
         threading.Thread(target=_die_with_owner, args=(int(sys.argv[1]),), daemon=True).start()
     proto = os.fdopen(os.dup(1), "w", buffering=1)
+    import edit_guard  # from this file's folder, before it leaves the path
+
     # This file's folder holds our aider.py: it must not shadow the real package.
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
@@ -77,6 +80,7 @@ def main() -> None:
     import aider.models
     from aider.coders.base_coder import Coder
 
+    edit_guard.install_in_aider()
     _register_metadata_once(aider.models)
     summarizing = _summaries_joined(Coder)
     # Parse Aider's own model metadata now, at start-up, not in the first rollout.

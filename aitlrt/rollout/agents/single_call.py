@@ -15,6 +15,7 @@ from pathlib import Path
 from aitlrt.common.procs import run_process_group
 from aitlrt.common.workspace import Workspace
 from aitlrt.rollout.agents.base import AgentExit, AgentTask, ModelEndpoint
+from aitlrt.rollout.agents.edit_guard import refusal
 
 FILE_BLOCK = re.compile(r"^(?P<path>[^\s`][^\n`]*)\n```[^\n]*\n(?P<body>.*?)^```", re.MULTILINE | re.DOTALL)
 SYSTEM = (
@@ -49,14 +50,15 @@ class SingleCallAgent:
 
 
 def apply_whole_files(reply: str, root: Path) -> list[str]:
-    """Write every ``path`` + fenced block of ``reply`` under ``root``; paths that escape it are skipped."""
+    """Write every ``path`` + fenced block of ``reply`` under ``root``; paths ``edit_guard`` refuses (outside
+    ``root`` or under ``.git``) are skipped."""
     written = []
     for match in FILE_BLOCK.finditer(reply):
         rel = match["path"].strip().strip("*`:")
-        target = (root / rel).resolve()
-        if not target.is_relative_to(root.resolve()) or rel.startswith(".git"):
-            print(f"skipping unsafe path {rel!r}")
+        if why := refusal(root, rel):
+            print(f"skipping unsafe path {rel!r}: {why}")
             continue
+        target = (root / rel).resolve()
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(match["body"])
         written.append(rel)

@@ -10,6 +10,7 @@ outcome, xfail), ``tamper`` (what the code under test changed: those parts, ``bu
 hooks or hook implementations of its own), ``done`` (exit status). The grader believes nothing else: not
 stdout, not a junit file, not a report that arrives after ``done`` or without the nonce.
 
+It runs under the test environment's Python and pytest (Python 3.8+, pytest 6+): no newer syntax or library.
 This module runs in the same process as the code under test: code written against it by name can still forge its
 records (see docs/tasks-and-rewards.md, "What the grader trusts").
 """
@@ -144,9 +145,11 @@ def _foreign_impls(config: pytest.Config) -> list[str]:
 def _foreign_finders() -> list[str]:
     """Import hooks added since import by the code under test (a finder could rewrite the test modules)."""
     added = [f for f in sys.meta_path if f not in _META_PATH]
-    files = [getattr(sys.modules.get(type(f).__module__), "__file__", None) or "" for f in added]
-    pairs = zip(added, files, strict=True)
-    return [f"sys.meta_path gained {type(f).__name__}" for f, file in pairs if _from_workspace(file)]
+    return [
+        f"sys.meta_path gained {type(f).__name__}"
+        for f in added
+        if _from_workspace(getattr(sys.modules.get(type(f).__module__), "__file__", None) or "")
+    ]
 
 
 def _check() -> None:
