@@ -8,6 +8,7 @@ The proxy's mode for teachers that are not vLLM is checked against a server that
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from aitlrt.tasks.task import Task
 from aitlrt.training.dataset import generated_tasks
 from aitlrt.warmstart.oracle_server import fix_patch, oracle_task, serve_in_thread
 from aitlrt.warmstart.trajectories import DEFAULT_REWARDS, Teacher, collect, policy_calls, reward_funcs
-from tests.conftest import chat, trace
+from tests.conftest import admin, chat, trace
 
 WEBARGS = [  # single-file fixes in four files (core.py: two hunks; falconparser.py: three, re-adding methods)
     "marshmallow-code__webargs.dbde72fe.pr_974",
@@ -115,9 +116,9 @@ def test_aider_with_the_oracle_reproduces_the_oracle_patch_and_passes_the_tests(
     )
 
 
-def _trajectories(*args: str | Path) -> subprocess.CompletedProcess:
+def _trajectories(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "aitlrt.cli", "trajectories", *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
 
 
 def test_the_trajectories_command_keeps_good_rollouts_and_rejects_garbage(cachetools_file, served, tmp_path):
@@ -135,7 +136,10 @@ def test_the_trajectories_command_keeps_good_rollouts_and_rejects_garbage(cachet
     # The session's vLLM with the bundled model as the teacher: it answers in prose, no rollout is kept.
     garbage = tmp_path / "garbage"
     done = _trajectories(
-        *common, "--max-calls", "2", "--teacher", served.url, "--out", garbage / "t.jsonl", "--serve-dir", garbage
+        *common,
+        *("--max-calls", "2", "--teacher", served.url, "--out", garbage / "t.jsonl", "--serve-dir", garbage),
+        *("--teacher-api-key-env", "TEACHER_KEY"),  # an aitlrt-serve as the teacher: its admin key
+        env={**os.environ, "TEACHER_KEY": admin(served.url)["Authorization"][7:]},
     )
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"teacher {served.url}: 2 rollouts, 0 kept (weighted reward >= 1), 0 calls written" in done.stdout

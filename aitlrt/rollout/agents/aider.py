@@ -98,7 +98,8 @@ class AiderAgent:
         return [str(self.venv / "bin" / "python"), str(guard), *self.arguments(task, ws, endpoint)]
 
     def arguments(self, task: AgentTask, ws: Workspace, endpoint: ModelEndpoint) -> list[str]:
-        """Aider's command-line arguments for one rollout (writes the settings files into ``ws.scratch``)."""
+        """Aider's command-line arguments for one rollout (writes the settings files into ``ws.scratch``); the
+        rollout's token is not among them (a command line is visible to every process): ``OPENAI_API_KEY``."""
         meta, settings = aider_settings(endpoint, self.edit_format, self.streaming, self.reminder)
         meta_file, settings_file = ws.scratch / "model-metadata.json", ws.scratch / "model-settings.yml"
         meta_file.write_text(json.dumps(meta))
@@ -108,8 +109,6 @@ class AiderAgent:
             f"openai/{endpoint.model}",
             "--openai-api-base",
             endpoint.base_url,
-            "--openai-api-key",
-            endpoint.api_key,
             "--model-metadata-file",
             str(meta_file),
             "--model-settings-file",
@@ -157,9 +156,8 @@ class AiderAgent:
         home = ws.scratch / "home"
         home.mkdir(exist_ok=True)
         cmd = self.command(task, ws, endpoint)
-        return run_process_group(
-            cmd, cwd=ws.repo, env=agent_env(home), log_path=ws.scratch / "agent.log", timeout_s=timeout_s
-        )
+        env = {**agent_env(home), "OPENAI_API_KEY": endpoint.api_key}
+        return run_process_group(cmd, cwd=ws.repo, env=env, log_path=ws.scratch / "agent.log", timeout_s=timeout_s)
 
 
 def agent_env(home: Path) -> dict[str, str]:
@@ -287,7 +285,7 @@ class WarmAiderAgent(AiderAgent):
         home.mkdir(exist_ok=True)
         log = ws.scratch / "agent.log"
         job = {
-            "argv": self.arguments(task, ws, endpoint),
+            "argv": [*self.arguments(task, ws, endpoint), "--openai-api-key", endpoint.api_key],  # over a pipe
             "cwd": str(ws.repo),
             "home": str(home),
             "log": str(log),
