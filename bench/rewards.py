@@ -50,7 +50,7 @@ def grading_rate(tasks) -> tuple[float, float]:
 
 def sandbox_overhead(task) -> tuple[float, float, float, str]:
     """Median seconds of one test-file run: bare pytest, through the sandbox, and as the grader runs it; and the
-    isolation obtained."""
+    sandbox's isolation."""
     env = ensure_env(task)
     src = env.root / "src"
     run_env = {**env.environ(), "PYTHONPATH": f"{src / 'src'}:{src}", "PYTHONDONTWRITEBYTECODE": "1"}
@@ -66,7 +66,7 @@ def sandbox_overhead(task) -> tuple[float, float, float, str]:
         run = run_pytest(env, src, [TEST_FILE], timeout=300)
         assert run.statuses and not run.problems and run.returncode == 0, (run.problems, run.output[-500:])
         graded.append(run.seconds)
-    return statistics.median(bare), statistics.median(boxed), statistics.median(graded), run.isolation
+    return statistics.median(bare), statistics.median(boxed), statistics.median(graded), result.isolation
 
 
 def main() -> None:
