@@ -4,7 +4,8 @@ In a private copy of the task's starting commit (the grader's own, never the age
 that writes outside the repository, into ``.git`` or through a symbolic link; apply it (``git apply``, then
 ``patch --fuzz``); put the test infrastructure back as the base has it (``protected``: every test file and
 folder, ``conftest.py``, pytest's ini files, ``setup.cfg``/``pyproject.toml``/``tox.ini``, ``sitecustomize``,
-``usercustomize``, ``*.pth``), naming what was put back in the grade's ``restored``; apply the task's
+``usercustomize``, ``*.pth``; new modules or packages at the top of the repository or ``src/``, which would shadow
+pytest or the standard library), naming what was put back in the grade's ``restored``; apply the task's
 ``test_patch``; and run the tests in the sandbox with the grader's own pytest plugin reporting each outcome
 (``aitlrt.tasks.pytest_run``). Resolved = every FAIL_TO_PASS test passed and every PASS_TO_PASS test passed (or
 failed as expected, ``XFAIL``) in a run the plugin vouches for. A run it cannot vouch for (tampering, an
@@ -102,12 +103,21 @@ def apply_patch(repo: Path, patch: str) -> str | None:
     return "patch does not apply: " + errors[0]
 
 
+def _import_root_entry(path: str) -> str:
+    """The entry of an import root (the repository, ``src/``: both on the tests' ``PYTHONPATH``) that holds ``path``."""
+    parts = path.split("/")
+    return "/".join(parts[:2]) if parts[0] == "src" and len(parts) > 1 else parts[0]
+
+
 def restore_infrastructure(repo: Path, base: str, targets: list[str]) -> list[str]:
-    """Put every protected path the work tree changed back as ``base`` has it (new ones removed); return them."""
+    """Put every protected path the work tree changed back as ``base`` has it (new ones removed); return them.
+    New entries at the top of an import root go too: ahead of the test venv on ``PYTHONPATH``, a new ``pytest.py``
+    or ``json/`` would shadow pytest or the standard library (a fake pytest could speak the grader's channel)."""
     flags = ("--porcelain", "-z", "--untracked-files=all", "--ignored=traditional", "--no-renames")
     status = git("status", *flags, cwd=repo)
     changed = [entry[3:] for entry in status.split("\0") if entry]
-    restored = sorted(p for p in changed if protected(p, targets))
+    entries = set(git("ls-tree", "-z", "--name-only", base, "--", ".", "src/", cwd=repo).split("\0")) - {""}
+    restored = sorted(p for p in changed if protected(p, targets) or _import_root_entry(p) not in entries)
     if not restored:
         return []
     in_base = set(git("ls-tree", "-r", "-z", "--name-only", base, "--", *restored, cwd=repo).split("\0")) - {""}

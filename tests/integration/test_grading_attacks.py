@@ -270,3 +270,26 @@ def test_a_hang_with_a_stray_child_holding_stdout_and_a_flood_of_output_return(t
     result = grade(task, attack(task, append=lib_code(flood_then_hang)), timeout=20)
     assert result.status == "timeout" and result.seconds < 60, result
     assert len(result.reason) < 2000
+
+
+def test_a_module_shadowing_pytest_is_removed(task):
+    """The workspace is ahead of the test venv on PYTHONPATH: a new top-level ``pytest.py`` would be the pytest that
+    runs, and could speak the grader's channel (it can read the nonce's pipe). Before this rule it resolved."""
+    ids = [*task.fail_to_pass, *task.pass_to_pass]
+    fake = f"""
+import json, os
+
+def console_main():
+    nonce = os.read(int(os.environ["AITLRT_GRADE_NONCE_FD"]), 64).decode()
+    records = [{{"kind": "started"}}, {{"kind": "collected", "ids": {ids!r}}}]
+    records += [{{"kind": "report", "id": t, "when": w, "outcome": "passed", "xfail": False}}
+                for t in {ids!r} for w in ("setup", "call", "teardown")]
+    records.append({{"kind": "done", "exitstatus": 0}})
+    for seq, record in enumerate(records, 1):
+        line = json.dumps({{"nonce": nonce, "seq": seq, **record}}) + "\\n"
+        os.write(int(os.environ["AITLRT_GRADE_FD"]), line.encode())
+    return 0
+"""
+    for where in ("pytest.py", "src/pytest.py"):
+        result = grade(task, attack(task, {where: fake}))
+        assert result.status == "unresolved" and result.restored == (where,), result
