@@ -35,7 +35,7 @@ from aitlrt.common.procs import kill_group
 MEMORY_LIMIT = 8 << 30
 FILE_SIZE_LIMIT = 1 << 30
 PROCESS_HEADROOM = 1024
-"""Processes the command may add to those its user already runs (RLIMIT_NPROC counts per user)."""
+"""Processes and threads the command may add to those its user already runs (RLIMIT_NPROC counts per user)."""
 OUTPUT_TAIL = 256 << 10
 """Bytes of the command's output kept (its end)."""
 DRAIN_S = 2.0
@@ -117,12 +117,14 @@ def require_isolation(allow_none: bool) -> str:
     return obtained
 
 
-def _user_processes() -> int:
+def _user_tasks() -> int:
+    """Processes and threads its user runs now: what RLIMIT_NPROC counts (a trainer's threads are many)."""
     uid = os.getuid()
     count = 0
     for entry in os.scandir("/proc"):
         try:
-            count += entry.name.isdigit() and entry.stat().st_uid == uid
+            if entry.name.isdigit() and entry.stat().st_uid == uid:
+                count += len(os.listdir(f"/proc/{entry.name}/task"))
         except OSError:
             continue
     return count
@@ -221,7 +223,7 @@ def run_sandboxed(
             stderr=out_w,
             pass_fds=tuple(pass_fds),
             start_new_session=True,
-            preexec_fn=_limits(int(timeout * 2) + 10, _user_processes() + PROCESS_HEADROOM),
+            preexec_fn=_limits(int(timeout * 2) + 10, _user_tasks() + PROCESS_HEADROOM),
         )
     except BaseException:
         for fd in (out_r, *read_fds):
@@ -237,15 +239,11 @@ def run_sandboxed(
         kill_group(proc)  # strays of a command that exited (no pid namespace): gone too
         for fd in (out_r, *read_fds):
             os.close(fd)
-    try:
-        returncode: int | None = proc.wait(DRAIN_S)
-    except subprocess.TimeoutExpired:
-        returncode = None
     output = data.pop(out_r).decode(errors="replace")
     overflowed = tuple(fd for fd in read_fds if len(data[fd]) > read_limit)
     extra = {fd: data[fd][:read_limit] for fd in read_fds}
     return SandboxResult(
-        None if timed_out else returncode,
+        None if timed_out else proc.returncode,  # kill_group reaped it
         output,
         time.monotonic() - started,
         timed_out,
