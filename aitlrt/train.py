@@ -163,7 +163,7 @@ def run(
         trainer.add_callback(MetricsLog(out_dir / "metrics.jsonl"))
         evaluations = []
         if heldout and state.is_main_process:
-            evaluations.append(heldout_evaluation("before", heldout, script, config))
+            evaluations += heldout_evaluation("before", heldout, script, config)
         resume = resume_checkpoint(config.resume_from_checkpoint, out_dir)
         if state.is_main_process and str(config.resume_from_checkpoint).strip().lower() == "true":
             if resume:
@@ -190,7 +190,8 @@ def run(
                 out_dir / "rollouts",
             )
             if heldout:
-                evaluations.append(heldout_evaluation("after", heldout, script, config))
+                evaluations += heldout_evaluation("after", heldout, script, config)
+                evaluations += heldout_evaluation("trivial", heldout, script, config)
                 finish_heldout(
                     evaluations, out_dir, dict(zip(script.rewards, heldout_weights(script, config), strict=True))
                 )
@@ -200,23 +201,22 @@ def run(
 
 def heldout_evaluation(
     label: str, rows: list[dict[str, Any]], script: AgentScriptArguments, config: AgentGRPOConfig
-) -> CheckpointResult:
-    """The served policy on the held-out tasks, with the run's agent, sampling and rewards."""
-    from aitlrt.evaluation.heldout import evaluate_served, prepare_rows
-    from aitlrt.evaluation.scoring import reward_funcs
+) -> list[CheckpointResult]:
+    """The served policy (``label``: ``before``/``after`` training) on the held-out tasks, with the run's agent,
+    sampling and rewards and the measures of ``aitlrt.evaluation.scoring.MEASURES``; ``trivial``: the trivial
+    policies instead (``aitlrt.evaluation.heldout.evaluate_trivial``), one rollout per task."""
+    from aitlrt.evaluation.heldout import evaluate_served, evaluate_trivial, prepare_rows
+    from aitlrt.evaluation.scoring import measure_funcs, reward_funcs
     from aitlrt.training.config import heldout_weights
 
     settings = config.rollout_settings(script.heldout_rollouts, seed=config.seed)  # before and after pair up
-    weights = heldout_weights(script, config)
+    weights = dict(zip(script.rewards, heldout_weights(script, config), strict=True))
+    funcs = {**reward_funcs(script.rewards), **measure_funcs()}
+    if label == "trivial":
+        log.info("held-out evaluation of the trivial policies: %d tasks, one rollout each", len(rows))
+        return evaluate_trivial(prepare_rows(rows), config.proxy_url, settings, funcs, weights)
     log.info("held-out evaluation (%s training): %d tasks x %d rollouts", label, len(rows), settings.n)
-    return evaluate_served(
-        label,
-        prepare_rows(rows),
-        config.proxy_url,
-        settings,
-        reward_funcs(script.rewards),
-        dict(zip(script.rewards, weights, strict=True)),
-    )
+    return [evaluate_served(label, prepare_rows(rows), config.proxy_url, settings, funcs, weights)]
 
 
 def finish_heldout(evaluations: list[CheckpointResult], out_dir: Path, weights: dict[str, float]) -> None:

@@ -33,8 +33,13 @@ def add_parser(verbs: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "timeout and concurrency, sampling, serve args and rewards with their weights become the defaults here, so "
         "a checkpoint is measured as its run measured it; flags given here override them",
     )
-    p.add_argument("--checkpoint", default="bundled", help="weights folder (or 'bundled'); with --proxy: 'served'")
-    p.add_argument("--compare", default=None, help="a second weights folder, evaluated the same way")
+    p.add_argument(
+        "--checkpoint",
+        default="bundled",
+        help="weights folder (or 'bundled'; with --proxy: 'served'), or a trivial policy (trivial:no-edit, "
+        "trivial:comment, trivial:whitespace, trivial:oracle: a scripted edit, one rollout per task)",
+    )
+    p.add_argument("--compare", default=None, help="a second weights folder or trivial policy, evaluated the same way")
     p.add_argument(
         "--proxy",
         default=None,
@@ -125,8 +130,9 @@ def run(args: argparse.Namespace) -> None:
         print(f"{key:<22}" + "".join(f" {r.summary[key]:>24.3f}" for r in results))
     if len(results) == 2 and paired(results[0].batch, results[1].batch):
         print(f"\npaired by seed ({len(results[0].batch.outcomes)} rollouts): --compare minus --checkpoint")
+        tasks = [t.instance_id for t in results[0].batch.tasks]
         for name in results[0].rewards:
-            gain, se = paired_difference(results[0].rewards[name], results[1].rewards[name])
+            gain, se = paired_difference(results[0].rewards[name], results[1].rewards[name], clusters=tasks)
             print(f"{name:<22} {gain:>+24.3f}  (std error {se:.3f})")
         if weighted and (pair := paired_gain(results[0], results[1], weighted)):
             print(f"{'reward (weighted)':<22} {pair.gain:>+24.3f}  (std error {pair.se:.3f})")

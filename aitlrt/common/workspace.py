@@ -64,6 +64,8 @@ _CONFIG = (
     "[user]\n\tname = aitlrt\n\temail = aitlrt@localhost\n"
 )
 _LOOSE = re.compile(r"objects/[0-9a-f]{2}(/|$)")
+_GIT_DIR = re.compile(r"git-[0-9a-f]{12}")
+"""The name of an agent copy's trusted git directory, beside its work tree."""
 _MUTABLE = {"index", "index.lock"}
 """What git itself changes in a git directory when an agent adds files (besides loose objects)."""
 
@@ -317,9 +319,26 @@ def patch_of(ws: Workspace) -> str:
         raise ValueError(f"{ws.repo} is a plain copy: patches are taken from agent copies only")
     if changed := tampering(ws):
         raise RefusedPatch(f"the agent changed {', '.join(changed[:10])}")
-    trusted_git("add", "-A", git_dir=ws.git_dir, work_tree=ws.repo)
+    return work_tree_patch(ws.git_dir, ws.repo, ws.head)
+
+
+def agent_copy_at(repo: Path) -> Workspace:
+    """The agent copy whose work tree is ``repo``, as found on disk, for our own tools that a rollout runs there
+    (the test feedback): its scratch and trusted git directory beside it, its head that directory's HEAD. It carries
+    no seal: take its patch with ``work_tree_patch``. ValueError when ``repo`` is not an agent copy's work tree."""
+    git_dirs = [p for p in repo.parent.glob("git-*") if _GIT_DIR.fullmatch(p.name) and p.is_dir()]
+    head = (git_dirs[0] / "HEAD").read_text().strip() if len(git_dirs) == 1 else ""
+    if repo.name != "repo" or not re.fullmatch(r"[0-9a-f]{40}", head):
+        raise ValueError(f"{repo} is not the work tree of an agent copy")
+    return Workspace(repo, repo.parent / "scratch", git_dirs[0], head)
+
+
+def work_tree_patch(git_dir: Path, work_tree: Path, head: str) -> str:
+    """``work_tree``'s change against commit ``head``, new and binary files included, taken by the trusted git
+    directory ``git_dir`` (its index is updated; ``patch_of`` checks for tampering first)."""
+    trusted_git("add", "-A", git_dir=git_dir, work_tree=work_tree)
     flags = ("--cached", "--binary", "--no-ext-diff", "--no-textconv")
-    return trusted_git("diff", *flags, ws.head, git_dir=ws.git_dir, work_tree=ws.repo)
+    return trusted_git("diff", *flags, head, git_dir=git_dir, work_tree=work_tree)
 
 
 class WorkspacePool:

@@ -7,7 +7,7 @@ import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from aitlrt.evaluation.scoring import (
 )
 from aitlrt.report.html import write_report
 from aitlrt.rewards.inputs import RewardFunc
+from aitlrt.rollout.agents.scripted import TRIVIAL_POLICIES, ScriptedAgent, trivial_edits
 from aitlrt.rollout.batch import Batch, PreparedTask, RolloutSettings, run_batch
 from aitlrt.rollout.runner import Progress
 from aitlrt.serving.process import managed_server
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 
 SERVED = "served"
 """The checkpoint label for the weights a running server has now."""
+TRIVIAL_SERVER = "bundled"
+"""What a managed server serves when every checkpoint is a trivial policy (their one call each needs a model)."""
 
 
 @dataclass
@@ -50,17 +53,22 @@ class PairedGain:
     gain: float
     """Mean over paired rollouts of the weighted reward after minus before."""
     se: float
-    """Its standard error."""
+    """Its standard error, clustered by task."""
     same_patch: float
     """Share of paired rollouts that left the very same patch."""
 
 
 def paired_gain(before: CheckpointResult, after: CheckpointResult, weights: Mapping[str, float]) -> PairedGain | None:
-    """The weighted reward's gain of ``after`` over ``before`` rollout by rollout, or None when their rollouts do not
-    pair up (``aitlrt.evaluation.scoring.paired``: seeded alike, same tasks in the same order)."""
+    """The weighted reward's gain of ``after`` over ``before`` rollout by rollout (its error clustered by task), or
+    None when their rollouts do not pair up (``aitlrt.evaluation.scoring.paired``: seeded alike, same tasks in the
+    same order; never a trivial policy's, which are unseeded)."""
     if not paired(before.batch, after.batch):
         return None
-    gain, se = paired_difference(weighted_rewards(before.rewards, weights), weighted_rewards(after.rewards, weights))
+    gain, se = paired_difference(
+        weighted_rewards(before.rewards, weights),
+        weighted_rewards(after.rewards, weights),
+        clusters=[t.instance_id for t in before.batch.tasks],
+    )
     return PairedGain(gain, se, same_patch_share(before.batch, after.batch))
 
 
@@ -79,16 +87,20 @@ def evaluate(
     serve_args: Sequence[str] = ("--enforce-eager",),
     on_progress: Callable[[Progress], None] | None = None,
 ) -> list[CheckpointResult]:
-    """Run, score and summarise the rollouts of each checkpoint (a weights folder, ``bundled``, or ``served``).
+    """Run, score and summarise the rollouts of each checkpoint (a weights folder, ``bundled``, ``served``, or a
+    trivial policy of ``TRIVIAL_POLICIES``).
 
-    With ``proxy`` (a running ``aitlrt-serve``) the first checkpoint is loaded into it unless it is ``served``;
-    without, a server is started on the first checkpoint (``managed_server`` in ``serve_dir`` with ``max_tokens``,
-    ``temperature``, ``top_p``, ``top_k`` and ``serve_args``) and stopped at the end. Every later checkpoint is loaded
-    into that server.
+    With ``proxy`` (a running ``aitlrt-serve``) the first weights are loaded into it unless they are ``served``;
+    without, a server is started on the first weights (``TRIVIAL_SERVER`` if there are none; ``managed_server`` in
+    ``serve_dir`` with ``max_tokens``, ``temperature``, ``top_p``, ``top_k`` and ``serve_args``) and stopped at the
+    end. Every later weights are loaded into that server. A trivial policy loads nothing: its scripted agent runs one
+    rollout per task through the same server, runner and grader (``run_trivial``).
     """
+    models = [label for label in checkpoints if label not in TRIVIAL_POLICIES]
     with ExitStack() as stack:
         if proxy is None:
-            model = resolve_model(checkpoints[0])
+            loaded = models[0] if models else TRIVIAL_SERVER
+            model = resolve_model(loaded)
             serve = managed_server(
                 model,
                 serve_dir,
@@ -99,22 +111,43 @@ def evaluate(
                 extra_args=serve_args,
             )
             proxy = stack.enter_context(serve).url
-            loaded = checkpoints[0]
         else:
             loaded = SERVED
         results = []
         for label in checkpoints:
-            if label != loaded:
-                path = resolve_model(label)
-                log.info("loading %s into the server", path)
-                reload = {"path": str(path)}
-                headers = admin_headers(proxy)
-                httpx.post(f"{proxy}/weights/reload", json=reload, headers=headers, timeout=600).raise_for_status()
-                loaded = label
-            batch = run_batch(prepared, proxy, settings, on_progress=on_progress)
+            if label in TRIVIAL_POLICIES:
+                batch = run_trivial(label, prepared, proxy, settings, on_progress)
+            else:
+                if label != loaded:
+                    load_weights(proxy, label)
+                    loaded = label
+                batch = run_batch(prepared, proxy, settings, on_progress=on_progress)
             scores = score_batch(rewards, batch)
             results.append(CheckpointResult(label, batch, scores, summarise(batch, scores)))
         return results
+
+
+def load_weights(proxy: str, label: str) -> None:
+    """Load checkpoint ``label``'s weights into the server at ``proxy`` (``POST /weights/reload``)."""
+    path = resolve_model(label)
+    log.info("loading %s into the server", path)
+    headers = admin_headers(proxy)
+    httpx.post(f"{proxy}/weights/reload", json={"path": str(path)}, headers=headers, timeout=600).raise_for_status()
+
+
+def run_trivial(
+    policy: str,
+    prepared: Sequence[PreparedTask],
+    proxy: str,
+    settings: RolloutSettings,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> Batch:
+    """The rollouts of trivial policy ``policy`` (``TRIVIAL_POLICIES``): its scripted agent, one unseeded rollout
+    per task (it is deterministic), through the server at ``proxy`` and ``settings``' runner limits (no test
+    feedback: the scripted agent runs no tests)."""
+    agent = ScriptedAgent(trivial_edits(policy, prepared), name=policy)
+    once = replace(settings, n=1, seed=None, test_feedback_rounds=0)
+    return run_batch(prepared, proxy, once, on_progress=on_progress, agent=agent)
 
 
 def report_records(

@@ -3,24 +3,31 @@ and summarised the same way before and after training."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from aitlrt.evaluation.checkpoints import SERVED, CheckpointResult, evaluate, paired_gain
-from aitlrt.evaluation.scoring import summarise
+from aitlrt.evaluation.checkpoints import SERVED, TRIVIAL_POLICIES, CheckpointResult, evaluate, paired_gain
+from aitlrt.evaluation.scoring import paired_difference, summarise
 from aitlrt.rewards.inputs import RewardFunc
 from aitlrt.rollout.batch import PreparedTask, RolloutSettings, prepare_tasks
 from aitlrt.rollout.runner import Progress
 from aitlrt.tasks.task import task_from_row
 
 SUMMARY_ROWS = (
+    ("resolve rate", "resolve_rate"),
+    ("  its std error", "resolve_se"),  # clustered by task: a before/after difference under ~2x is noise
+    ("pass@1", "pass@1"),
+    ("pass@k", "pass@k"),
     ("edit rate", "edit_rate"),
-    ("resolve rate", "tests_pass"),
-    ("similarity", "patch_similarity"),
+    ("P2P-kept edits", "p2p_kept_edits"),
+    ("localisation", "localisation"),
+    ("changed lines", "changed_lines_similarity"),
     ("weighted reward", "reward"),
-    ("  its std error", "reward_se"),  # a before/after difference under ~2x the errors combined is noise
+    ("  its std error", "reward_se"),
     ("calls / rollout", "calls"),
 )
+"""The held-out table's rows, resolve rate first (``aitlrt.evaluation.scoring.summarise``)."""
 
 
 def prepare_rows(rows: Sequence[dict[str, Any]]) -> list[PreparedTask]:
@@ -45,22 +52,47 @@ def evaluate_served(
     return result
 
 
+def evaluate_trivial(
+    prepared: Sequence[PreparedTask],
+    proxy: str,
+    settings: RolloutSettings,
+    funcs: Mapping[str, RewardFunc],
+    weights: Mapping[str, float],
+) -> list[CheckpointResult]:
+    """The trivial policies (``TRIVIAL_POLICIES``: no edit, a comment appended, a whitespace edit, the oracle) on
+    ``prepared`` through ``proxy``, scored and summarised as the policy is: what an agent that does not fix gets,
+    and the ceiling."""
+    results = evaluate(list(TRIVIAL_POLICIES), prepared, settings, funcs, proxy=proxy)
+    for label, result in zip(TRIVIAL_POLICIES, results, strict=True):
+        result.label = label
+        result.summary = summarise(result.batch, result.rewards, weights)
+    return results
+
+
 def summary_table(results: Sequence[CheckpointResult], weights: Mapping[str, float] | None = None) -> str:
-    """The held-out numbers side by side, one column per evaluation; with ``weights`` and two evaluations whose
-    rollouts pair up (seeded alike: ``aitlrt.evaluation.scoring.paired``), the paired difference of the weighted
-    reward and the share of rollouts that left the same patch."""
+    """The held-out numbers side by side, one column per evaluation (the trivial policies', one rollout per task,
+    beside the policy's: what an agent that does not fix scores); with ``weights`` and a first two evaluations whose
+    rollouts pair up (seeded alike: ``aitlrt.evaluation.scoring.paired``), the paired difference of the resolve
+    rate and of the weighted reward (standard errors clustered by task) and the share of rollouts that left the same
+    patch."""
     width = max(14, *(len(r.label) for r in results))
     lines = [f"{'held-out':<16}" + "".join(f" {r.label:>{width}}" for r in results)]
     for name, key in SUMMARY_ROWS:
-        if all(key in r.summary for r in results):
-            lines.append(f"{name:<16}" + "".join(f" {r.summary[key]:>{width}.3f}" for r in results))
+        if any(key in r.summary for r in results):
+            lines.append(f"{name:<16}" + "".join(f" {r.summary.get(key, math.nan):>{width}.3f}" for r in results))
     tasks = len({t.instance_id for t in results[0].batch.tasks}) if results else 0
     formula = " + ".join(f"{w:g} {name}" for name, w in (weights or {}).items() if w)
     lines.append(
         f"({tasks} tasks x {len(results[0].batch.outcomes) // max(1, tasks)} rollouts each"
         + (f"; weighted reward = {formula})" if formula else ")")
     )
-    if weights and len(results) == 2 and (pair := paired_gain(results[0], results[1], weights)):
+    if weights and len(results) >= 2 and (pair := paired_gain(results[0], results[1], weights)):
+        clusters = [t.instance_id for t in results[0].batch.tasks]
+        before, after = results[0].rewards.get("tests_pass"), results[1].rewards.get("tests_pass")
+        if before is not None and after is not None:
+            solved, se = paired_difference(before, after, clusters=clusters)
+            lines.append(f"paired by seed: {results[1].label} - {results[0].label} resolve rate {solved:+.3f} "
+                         f"(std error {se:.3f})")  # fmt: skip
         lines.append(
             f"paired by seed: {results[1].label} - {results[0].label} weighted reward {pair.gain:+.3f} (std error "
             f"{pair.se:.3f}); {pair.same_patch:.0%} of the rollouts left the same patch"

@@ -5,11 +5,21 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections import Counter, defaultdict
+from collections.abc import Hashable, Mapping, Sequence
 
 from aitlrt.rewards.builtin import REWARDS
 from aitlrt.rewards.inputs import RewardFunc, reward_row, score
 from aitlrt.rollout.batch import Batch
+
+MEASURES = ("tests_pass", "changed_lines_similarity", "localised", "keeps_pass_to_pass")
+"""The rewards every evaluation scores, whatever the run's weights: what ``summarise`` reads the resolve rate, the
+share of edits that keep the PASS_TO_PASS tests, the localisation and the changed-lines similarity from."""
+
+
+def measure_funcs() -> dict[str, RewardFunc]:
+    """The functions of ``MEASURES``, by name."""
+    return reward_funcs(MEASURES)
 
 
 def reward_funcs(names: Sequence[str]) -> dict[str, RewardFunc]:
@@ -29,21 +39,82 @@ def score_batch(funcs: Mapping[str, RewardFunc], batch: Batch) -> dict[str, list
 def summarise(
     batch: Batch, rewards: Mapping[str, Sequence[float]], weights: Mapping[str, float] | None = None
 ) -> dict[str, float]:
-    """Mean of each reward, the edit rate (share of rollouts whose edit left a non-empty patch), with ``weights``
-    the mean weighted reward (``reward``) and its standard error (``reward_se``: two checkpoints whose rewards
-    differ by less than ~2x their errors combined cannot be told apart), the mean calls and completion tokens per
-    rollout, and the share of ``ok`` rollouts. The resolve rate is ``tests_pass``'s mean. NaN values (a grade that
-    failed on the grader's side, a reward function that raised) are left out of the means (NaN when all are)."""
+    """What an evaluation table reads of a scored batch: the mean of each reward; from the ``MEASURES`` scored, the
+    resolve rate (``resolve_rate``: ``tests_pass``'s mean; ``resolve_se``), ``pass@1`` and ``pass@k`` (``k``: the
+    rollouts per task, ``pass_at_k``), the share of edits that keep every PASS_TO_PASS test (``p2p_kept_edits``, of
+    the rollouts with a non-empty patch; NaN without one), the ``localisation`` (``localised``'s mean) and
+    ``changed_lines_similarity``; the edit rate (share of rollouts whose edit left a non-empty patch); with ``weights``
+    the mean weighted reward (``reward``, ``reward_se``); the mean calls and completion tokens per rollout, and the
+    share of ``ok`` rollouts. Standard errors are clustered by task (``clustered_se``: the rollouts of a task are not
+    independent draws): two checkpoints whose values differ by less than ~2x their errors combined cannot be told
+    apart. NaN values (a grade that failed on the grader's side, a reward function that raised) are left out of the
+    means (NaN when all are); a measure not scored is not reported."""
+    tasks = [o.task_id for o in batch.outcomes]
     out = {name: _mean(values) for name, values in rewards.items()}
     out["edit_rate"] = statistics.fmean(bool(o.patch.strip()) for o in batch.outcomes)
+    if "tests_pass" in rewards:
+        resolved = rewards["tests_pass"]
+        out |= {"resolve_rate": _mean(resolved), "resolve_se": clustered_se(resolved, tasks)}
+        out |= _pass_rates(resolved, tasks)
+    if "keeps_pass_to_pass" in rewards:
+        kept = rewards["keeps_pass_to_pass"]
+        out["p2p_kept_edits"] = _mean([v for v, o in zip(kept, batch.outcomes, strict=True) if o.patch.strip()])
+    if "localised" in rewards:
+        out["localisation"] = out["localised"]
     if weights:
-        per_rollout = [v for v in weighted_rewards(rewards, weights) if not math.isnan(v)]
-        out["reward"] = _mean(per_rollout)
-        out["reward_se"] = statistics.stdev(per_rollout) / math.sqrt(len(per_rollout)) if len(per_rollout) > 1 else 0.0
+        per_rollout = weighted_rewards(rewards, weights)
+        out |= {"reward": _mean(per_rollout), "reward_se": clustered_se(per_rollout, tasks)}
     out["calls"] = statistics.fmean(o.calls for o in batch.outcomes)
     out["completion_tokens"] = statistics.fmean(o.completion_tokens for o in batch.outcomes)
     out["status_ok"] = statistics.fmean(o.status == "ok" for o in batch.outcomes)
     return out
+
+
+def _by_cluster(values: Sequence[float], clusters: Sequence[Hashable]) -> list[list[float]]:
+    """The values that are not NaN, grouped by cluster (in order of first appearance); clusters left empty dropped."""
+    groups: dict[Hashable, list[float]] = defaultdict(list)
+    for value, cluster in zip(values, clusters, strict=True):
+        if not math.isnan(value):
+            groups[cluster].append(value)
+    return list(groups.values())
+
+
+def clustered_se(values: Sequence[float], clusters: Sequence[Hashable]) -> float:
+    """The standard error of the mean of ``values`` clustered by ``clusters`` (one key per value, a task id): the
+    standard error of the mean of the per-cluster means, ``stdev(means) / sqrt(clusters)`` (0 with one cluster); NaN
+    values are left out (NaN when all are)."""
+    means = [statistics.fmean(group) for group in _by_cluster(values, clusters)]
+    if not means:
+        return math.nan
+    return statistics.stdev(means) / math.sqrt(len(means)) if len(means) > 1 else 0.0
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased estimator of pass@k from ``n`` samples of which ``c`` passed (Chen et al. 2021):
+    ``1 - C(n - c, k) / C(n, k)``, the chance that ``k`` of the ``n`` drawn without replacement hold a pass; with
+    ``k > n``, whether any passed."""
+    if not 0 <= c <= n or k < 1:
+        raise ValueError(f"pass@k needs 0 <= c <= n and k >= 1 (n={n}, c={c}, k={k})")
+    if c == 0:
+        return 0.0
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def _pass_rates(resolved: Sequence[float], tasks: Sequence[str]) -> dict[str, float]:
+    """``pass@1`` and ``pass@k`` averaged over the tasks, ``k`` the fewest rollouts a task has (NaN grades left out:
+    a task's ``n`` counts its graded rollouts)."""
+    k = min(Counter(tasks).values(), default=0)
+    groups = _by_cluster(resolved, tasks)
+    if not groups:
+        return {"pass@1": math.nan, "pass@k": math.nan, "k": float(k)}
+    counts = [(len(group), round(sum(group))) for group in groups]
+    return {
+        "pass@1": statistics.fmean(pass_at_k(n, c, 1) for n, c in counts),
+        "pass@k": statistics.fmean(pass_at_k(n, c, k) for n, c in counts),
+        "k": float(k),
+    }
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -53,9 +124,11 @@ def _mean(values: Sequence[float]) -> float:
 
 
 def weighted_rewards(rewards: Mapping[str, Sequence[float]], weights: Mapping[str, float]) -> list[float]:
-    """Each rollout's weighted reward (a reward without a weight counts 0)."""
+    """Each rollout's weighted reward: the weighted sum of the rewards that have a weight (one without a weight, as
+    a measure, counts 0, also where it is NaN)."""
     n = len(next(iter(rewards.values()), ()))
-    return [sum(weights.get(name, 0.0) * values[i] for name, values in rewards.items()) for i in range(n)]
+    weighted = [(w, rewards[name]) for name, w in weights.items() if w and name in rewards]
+    return [sum(w * values[i] for w, values in weighted) for i in range(n)]
 
 
 def paired(before: Batch, after: Batch) -> bool:
@@ -69,13 +142,19 @@ def paired(before: Batch, after: Batch) -> bool:
     )
 
 
-def paired_difference(before: Sequence[float], after: Sequence[float]) -> tuple[float, float]:
+def paired_difference(
+    before: Sequence[float], after: Sequence[float], clusters: Sequence[Hashable] | None = None
+) -> tuple[float, float]:
     """Mean of ``after[i] - before[i]`` and its standard error: with paired rollouts (``paired``) the sampling noise
-    the two share cancels, so this error is smaller than the unpaired one of two independent means. A pair with a
-    NaN side (unscorable) is left out."""
-    diffs = [a - b for a, b in zip(after, before, strict=True) if not math.isnan(a - b)]
-    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0
-    return _mean(diffs), se
+    the two share cancels, so this error is smaller than the unpaired one of two independent means. With
+    ``clusters`` (one key per rollout, its task id) the error is clustered by task (``clustered_se``: the SE of the
+    per-task mean differences), else each pair counts as independent. A pair with a NaN side (unscorable) is left
+    out."""
+    diffs = [a - b for a, b in zip(after, before, strict=True)]
+    kept = [d for d in diffs if not math.isnan(d)]
+    if clusters is not None:
+        return _mean(kept), clustered_se(diffs, clusters)
+    return _mean(kept), statistics.stdev(kept) / math.sqrt(len(kept)) if len(kept) > 1 else 0.0
 
 
 def same_patch_share(before: Batch, after: Batch) -> float:

@@ -34,8 +34,9 @@ from typing import Any
 
 from aitlrt.common.git import git
 from aitlrt.common.resources import usable_cores
+from aitlrt.tasks import patches
 from aitlrt.tasks.grading import Grade, grade
-from aitlrt.tasks.patches import changed_paths, similarity
+from aitlrt.tasks.patches import changed_paths, code_lines, shares_changed_line, similarity
 from aitlrt.tasks.task import Task, TaskError, task_from_row
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,8 @@ def _failed(row: dict[str, Any]) -> bool:
 
 
 class _SimilarityPool:
-    """A lazily started process pool; a computation past its timeout scores 0 and the pool is replaced."""
+    """A lazily started process pool for the CPU-bound comparisons of two patches; a computation past its timeout
+    scores 0 and the pool is replaced."""
 
     def __init__(self) -> None:
         self._pool = None
@@ -72,12 +74,12 @@ class _SimilarityPool:
         self._pool = multiprocessing.get_context("forkserver").Pool(min(4, usable_cores()))
         return self._pool
 
-    def map(self, pairs: list[tuple[str, str]], timeout: float) -> list[float]:
+    def map(self, func: Callable[[str, str], float], pairs: list[tuple[str, str]], timeout: float) -> list[float]:
         with self._lock:
             pool = self._pool or self._fresh()
             out: list[float] = []
             while len(out) < len(pairs):
-                jobs = [pool.apply_async(similarity, pair) for pair in pairs[len(out) :]]
+                jobs = [pool.apply_async(func, pair) for pair in pairs[len(out) :]]
                 try:
                     for job in jobs:
                         out.append(job.get(timeout))
@@ -90,12 +92,30 @@ class _SimilarityPool:
 _similarity_pool = _SimilarityPool()
 
 
-def patch_similarity(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:
-    """SWE-RL similarity of ``agent_patch`` to the oracle ``patch`` (tasks.patches.similarity)."""
+def _against_oracle(func: Callable[[str, str], float], kwargs: dict[str, Any]) -> list[float]:
+    """``func(agent_patch, patch)`` of each rollout (a batch's in the process pool, bounded by its timeout); 0 for a
+    failed rollout."""
     rows = _columns(len(kwargs["agent_patch"]), kwargs)
     pairs = [(r["agent_patch"] or "", r.get("patch") or "") for r in rows]
-    scores = _similarity_pool.map(pairs, SIMILARITY_TIMEOUT_S) if len(pairs) > 1 else [similarity(*pairs[0])]
+    scores = _similarity_pool.map(func, pairs, SIMILARITY_TIMEOUT_S) if len(pairs) > 1 else [func(*pairs[0])]
     return [0.0 if _failed(r) else s for r, s in zip(rows, scores, strict=True)]
+
+
+def patch_similarity(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:
+    """SWE-RL similarity of ``agent_patch`` to the oracle ``patch`` (tasks.patches.similarity)."""
+    return _against_oracle(similarity, kwargs)
+
+
+def changed_lines_similarity(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:
+    """Similarity of ``agent_patch``'s effective changed lines to the oracle ``patch``'s
+    (tasks.patches.changed_lines_similarity): 0 for no edit, a comment or whitespace, 1 for the exact fix."""
+    return _against_oracle(patches.changed_lines_similarity, kwargs)
+
+
+def localised(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:
+    """1 when ``agent_patch``'s effective changes touch a base line that the oracle ``patch``'s touch, in the same
+    file (tasks.patches.shares_changed_line): the agent edited where the bug is."""
+    return _against_oracle(shares_changed_line, kwargs)
 
 
 def _task(row: dict[str, Any]) -> Task | None:
@@ -246,6 +266,27 @@ def unbroken_patch_similarity(prompts=None, completions=None, completion_ids=Non
     return [_scored(g, s if breaks_no_test(g) else 0.0) for s, g in zip(similar, grades, strict=True)]
 
 
+def unbroken_changed_lines_similarity(
+    prompts=None, completions=None, completion_ids=None, **kwargs: Any
+) -> list[float]:
+    """``changed_lines_similarity``, paid only when no PASS_TO_PASS test broke (0 otherwise), as
+    ``unbroken_patch_similarity`` (NaN: ``GRADER_FAILURES``)."""
+    grades = grade_rollouts(kwargs)
+    similar = changed_lines_similarity(**kwargs)
+    return [_scored(g, s if breaks_no_test(g) else 0.0) for s, g in zip(similar, grades, strict=True)]
+
+
+def keeps_pass_to_pass(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:
+    """1 when the agent's patch is non-empty, applied, was graded and every PASS_TO_PASS test still passes
+    (``breaks_no_test``), 0 otherwise (no edit: 0 whatever its grade): over the rollouts that edited, the share of
+    edits that keep the working code working (NaN for an edit: ``GRADER_FAILURES``)."""
+    rows = _columns(len(kwargs["agent_patch"]), kwargs)
+    edited = [bool((r["agent_patch"] or "").strip()) and not _failed(r) for r in rows]
+    return [
+        _scored(g, float(breaks_no_test(g))) if e else 0.0 for g, e in zip(grade_rollouts(kwargs), edited, strict=True)
+    ]
+
+
 def edit_tests_pass_fraction(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:
     """``tests_pass_fraction`` of an edit (``non_empty_patch``), 0 without one: keeping the tests green pays only an
     agent that changed the code, so no edit scores below any edit and an edit that breaks tests below one that
@@ -278,25 +319,27 @@ def well_formed_edit(prompts=None, completions=None, completion_ids=None, **kwar
 
 
 def _changing_searches(blocks: list[tuple[str, str]] | None) -> list[str]:
-    """The SEARCH texts of the blocks that change something: REPLACE differs from SEARCH in more than whitespace."""
-    return [search for search, replace in blocks or () if search.split() != replace.split()]
+    """The SEARCH texts of the blocks that change something: REPLACE's code differs from SEARCH's in more than
+    whitespace or comments (``aitlrt.tasks.patches.code_lines``: a comment on the buggy line changes nothing)."""
+    return [search for search, replace in blocks or () if code_lines(search) != code_lines(replace)]
 
 
 def well_formed_change(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:
     """``well_formed_edit`` for a block that changes something: 1 when the last answer holds a whole SEARCH/REPLACE
-    block whose REPLACE text differs from its SEARCH text in more than whitespace, matched or not. An identity edit
-    (REPLACE == SEARCH, which changes nothing) scores with a cut or missing block, below an attempted change."""
+    block whose REPLACE code differs from its SEARCH code in more than whitespace or comments, matched or not. An
+    identity edit (REPLACE == SEARCH, which changes nothing) or a comment scores with a cut or missing block, below
+    an attempted change."""
     return [float(bool(_changing_searches(blocks))) for blocks in _last_answer_blocks(kwargs)]
 
 
 def _found_share(search: str, text: str) -> float:
     """The share of ``search``'s non-blank lines found in ``text`` in order, indentation aside (difflib's matching
-    blocks): 1 for a SEARCH text the file holds (and for an empty one, Aider's way to write a new file), 0 for one
-    made up."""
+    blocks): 1 for a SEARCH text the file holds, 0 for one made up, and 0 for an empty one (Aider's way to append to
+    a file or write a new one: it anchors nothing)."""
     wanted = [line.strip() for line in search.splitlines() if line.strip()]
     held = [line.strip() for line in text.splitlines() if line.strip()]
     if not wanted:
-        return 1.0
+        return 0.0
     blocks = difflib.SequenceMatcher(None, wanted, held, autojunk=False).get_matching_blocks()
     return sum(b.size for b in blocks) / len(wanted)
 
@@ -318,7 +361,8 @@ def anchored_change(prompts=None, completions=None, completion_ids=None, **kwarg
     """``well_formed_change`` paid by how much of the block the file holds: per block of the last answer that
     changes something, the share of its SEARCH lines found, in order, in one of the task's files (indentation
     aside); the best block counts. A matched change scores 1, a SEARCH that missed by a line or two nearly as much,
-    and one made up 0, with an identity edit: paying every attempted change alike paid made-up SEARCH texts over
+    and one made up 0, with an identity edit and an empty SEARCH (appending text is no targeted change: paid 1, it
+    paid a comment appended to the file): paying every attempted change alike paid made-up SEARCH texts over
     identity edits, and GRPO learnt to write them (DIARY 2026-11-27, evening)."""
     out = []
     for row, blocks in zip(_columns(len(kwargs["agent_patch"]), kwargs), _last_answer_blocks(kwargs), strict=True):
@@ -345,6 +389,8 @@ GRADED: tuple[Callable[..., list[float]], ...] = (
     tests_pass_fraction,
     unbroken_patch_similarity,
     edit_tests_pass_fraction,
+    unbroken_changed_lines_similarity,
+    keeps_pass_to_pass,
 )
 """The reward functions that run the tests (the trainer grades each rollout as soon as it ends when one is used)."""
 REWARDS: dict[str, Callable[..., list[float]]] = {
@@ -360,5 +406,9 @@ REWARDS: dict[str, Callable[..., list[float]]] = {
         well_formed_change,
         anchored_change,
         finished_answers,
+        changed_lines_similarity,
+        localised,
+        keeps_pass_to_pass,
+        unbroken_changed_lines_similarity,
     )
 }

@@ -7,7 +7,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
@@ -15,9 +15,11 @@ import httpx
 from aitlrt.common.keys import admin_headers
 from aitlrt.common.resources import agent_slots
 from aitlrt.common.seeds import derived_seed
-from aitlrt.rollout.agents import AGENTS, AgentTask, make_agent
+from aitlrt.rollout.agents import AGENTS, Agent, AgentTask, make_agent
 from aitlrt.rollout.agents.aider import REMINDERS
 from aitlrt.rollout.runner import Progress, RolloutOutcome, RolloutRequest, RolloutRunner
+from aitlrt.tasks.envs import EnvBuildError
+from aitlrt.tasks.feedback import feedback_command
 from aitlrt.tasks.loader import TaskLoadError
 from aitlrt.tasks.task import Task
 
@@ -64,12 +66,46 @@ class RolloutSettings:
     seed: int | None = None
     """Seeded sampling (``rollout_seed``): the k-th rollout of a task samples the same tokens from the same weights in
     every batch with this seed, so that two checkpoints' rollouts pair up; None: unseeded."""
+    test_feedback_rounds: int = 0
+    """Test feedback (``aitlrt.tasks.feedback``): after an edit, Aider runs the task's tests in the grader's sandbox
+    and sends the failures back for another try, at most this many times; 0: no test runs."""
+    test_feedback_max_chars: int = 3000
+    """Characters of test output sent back per round at most (the failures' tracebacks first)."""
+    test_feedback_timeout_s: float = 120.0
+    """Wall-clock limit of one test feedback run."""
 
     def __post_init__(self) -> None:
         if self.agent not in AGENTS:
             raise ValueError(f"unknown agent {self.agent!r} (one of {', '.join(AGENTS)})")
         if self.aider_reminder not in REMINDERS:
             raise ValueError(f"aider_reminder is one of {', '.join(REMINDERS)}, not {self.aider_reminder!r}")
+        if self.test_feedback_rounds < 0 or self.test_feedback_max_chars < 1 or self.test_feedback_timeout_s <= 0:
+            raise ValueError(
+                f"test_feedback_rounds must be >= 0 (got {self.test_feedback_rounds}), test_feedback_max_chars >= 1 "
+                f"(got {self.test_feedback_max_chars}), test_feedback_timeout_s > 0 ({self.test_feedback_timeout_s})"
+            )
+        if self.max_calls is not None and self.max_calls < 1 + self.test_feedback_rounds:
+            raise ValueError(
+                f"max_calls (rollout_max_calls) {self.max_calls} leaves no call for every test feedback round: each "
+                f"round is one more model call, so test_feedback_rounds {self.test_feedback_rounds} needs at least "
+                f"{1 + self.test_feedback_rounds} (more for Aider's other retries and weak-model summaries)"
+            )
+
+
+def agent_task(task: Task, settings: RolloutSettings) -> AgentTask:
+    """``task`` as its agents get it: problem statement and files, and with ``settings.test_feedback_rounds`` its test
+    feedback command (a task whose test environment cannot be built goes without: its grade will say why)."""
+    plain = AgentTask(task.instance_id, task.problem_statement, task.files)
+    if not settings.test_feedback_rounds:
+        return plain
+    try:
+        command = feedback_command(
+            task, settings.test_feedback_max_chars, settings.test_feedback_timeout_s, settings.test_feedback_rounds
+        )
+    except EnvBuildError as exc:
+        log.warning("task %s gets no test feedback: %s", task.instance_id, exc)
+        return plain
+    return replace(plain, test_command=command, test_rounds=settings.test_feedback_rounds)
 
 
 @dataclass
@@ -119,25 +155,28 @@ def run_batch(
     *,
     model: str | None = None,
     on_progress: Callable[[Progress], None] | None = None,
+    agent: Agent | None = None,
 ) -> Batch:
     """``settings.n`` rollouts of every task through ``proxy`` (model: the proxy's first), in task order; progress
-    goes to ``on_progress``, by default to the log every ``PROGRESS_LOG_EVERY_S`` (``log_progress``)."""
+    goes to ``on_progress``, by default to the log every ``PROGRESS_LOG_EVERY_S`` (``log_progress``). ``agent``
+    (kept open) runs them instead of ``settings.agent``."""
     proxy = proxy.rstrip("/")
     model = model or served_model(proxy)
     stamp = time.strftime("%H%M%S")
     requests = [
         RolloutRequest(
             f"{p.task.instance_id[:80]}.{stamp}.{g}".replace("/", "_"),
-            AgentTask(p.task.instance_id, p.task.problem_statement, p.task.files),
+            task,
             p.repo,
             p.base_commit,
             None if settings.seed is None else rollout_seed(settings.seed, p.task.instance_id, g),
         )
-        for p in prepared
+        for p, task in zip(prepared, [agent_task(p.task, settings) for p in prepared], strict=True)
         for g in range(settings.n)
     ]
     concurrency = settings.concurrency or agent_slots()
-    agent = make_agent(settings.agent, settings.edit_format, settings.aider_reminder)
+    owned = agent is None
+    agent = agent or make_agent(settings.agent, settings.edit_format, settings.aider_reminder)
     runner = RolloutRunner(
         agent,
         proxy,
@@ -153,7 +192,7 @@ def run_batch(
         len(requests),
         len(prepared),
         settings.n,
-        settings.agent,
+        agent.name,
         concurrency,
         model,
         proxy,
@@ -163,7 +202,7 @@ def run_batch(
         outcomes = runner.run(requests, on_progress=on_progress or log_progress())
     finally:
         runner.close()
-        if hasattr(agent, "close"):
+        if owned and hasattr(agent, "close"):
             agent.close()
     return Batch([p.task for p in prepared for _ in range(settings.n)], outcomes, [r.seed for r in requests])
 

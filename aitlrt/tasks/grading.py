@@ -23,7 +23,7 @@ from pathlib import Path, PurePosixPath
 from aitlrt.common.git import git
 from aitlrt.common.workspace import workspace
 from aitlrt.tasks import patches
-from aitlrt.tasks.envs import EnvBuildError, ensure_env
+from aitlrt.tasks.envs import EnvBuildError, TestEnv, ensure_env
 from aitlrt.tasks.pytest_run import PASSED, XFAIL, TestRun, run_pytest
 from aitlrt.tasks.task import Task
 
@@ -61,6 +61,21 @@ class Grade:
         """Share of the FAIL_TO_PASS and PASS_TO_PASS tests that pass."""
         total = self.f2p_total + self.p2p_total
         return (self.f2p_passed + self.p2p_passed) / total if total else 0.0
+
+
+@dataclass(frozen=True)
+class GradeInputs:
+    """What grading a patch of a task needs, and nothing of its fix (no oracle patch, no setup patch): the cached
+    repository and the commit the agent starts from, the test environment, the test patch and the deciding tests."""
+
+    instance_id: str
+    repo: Path
+    base: str
+    env: TestEnv
+    test_patch: str
+    fail_to_pass: tuple[str, ...]
+    pass_to_pass: tuple[str, ...]
+    targets: tuple[str, ...]
 
 
 def test_targets(task: Task) -> list[str]:
@@ -128,7 +143,7 @@ def restore_infrastructure(repo: Path, base: str, targets: list[str]) -> list[st
     return restored
 
 
-def _grade_run(task: Task, run: TestRun) -> tuple[str, str, int, int]:
+def _grade_run(inputs: GradeInputs, run: TestRun) -> tuple[str, str, int, int]:
     """Status, reason and the FAIL_TO_PASS / PASS_TO_PASS tests that passed, from one test run."""
     if run.timed_out:
         return "timeout", f"tests ran past {run.seconds:.0f} s", 0, 0
@@ -136,45 +151,65 @@ def _grade_run(task: Task, run: TestRun) -> tuple[str, str, int, int]:
         return "grader_error", f"no result from the tests (exit {run.returncode}): {run.output.strip()[-600:]}", 0, 0
     if run.problems:
         return "unresolved", "untrusted test run: " + "; ".join(run.problems), 0, 0
-    f2p = sum(run.statuses.get(t) in F2P_PASSING for t in task.fail_to_pass)
-    p2p = sum(run.statuses.get(t) in P2P_PASSING for t in task.pass_to_pass)
-    failing = [t for t in task.fail_to_pass if run.statuses.get(t) not in F2P_PASSING]
-    failing += [t for t in task.pass_to_pass if run.statuses.get(t) not in P2P_PASSING]
-    if not failing and (task.fail_to_pass or task.pass_to_pass):
+    f2p = sum(run.statuses.get(t) in F2P_PASSING for t in inputs.fail_to_pass)
+    p2p = sum(run.statuses.get(t) in P2P_PASSING for t in inputs.pass_to_pass)
+    failing = [t for t in inputs.fail_to_pass if run.statuses.get(t) not in F2P_PASSING]
+    failing += [t for t in inputs.pass_to_pass if run.statuses.get(t) not in P2P_PASSING]
+    if not failing and (inputs.fail_to_pass or inputs.pass_to_pass):
         return "resolved", "", f2p, p2p
-    if not (task.fail_to_pass or task.pass_to_pass):
+    if not (inputs.fail_to_pass or inputs.pass_to_pass):
         return "unresolved", "no FAIL_TO_PASS/PASS_TO_PASS tests", f2p, p2p
     example = f"{failing[0]} ({run.statuses.get(failing[0], 'not run')})"
     return "unresolved", f"{len(failing)} test(s) fail, e.g. {example}", f2p, p2p
+
+
+def grade_inputs(task: Task) -> GradeInputs:
+    """``task``'s grading inputs, its test environment built if need be (``EnvBuildError`` if it cannot be)."""
+    env = ensure_env(task)
+    repo, base = task.checkout()
+    return GradeInputs(
+        task.instance_id, repo, base, env, task.test_patch, task.fail_to_pass, task.pass_to_pass,
+        tuple(test_targets(task)),
+    )  # fmt: skip
 
 
 def grade(task: Task, patch: str, timeout: float = 600) -> Grade:
     """Run the task's tests on ``patch``; never raises for a bad patch, a broken environment or a hang."""
     started = time.monotonic()
     try:
-        env = ensure_env(task)
+        inputs = grade_inputs(task)
     except EnvBuildError as exc:
         return Grade("env_failed", reason=str(exc)[-1500:])
-    repo, base = task.checkout()
-    targets = test_targets(task)
-    with workspace(repo, base) as ws:
+    return run_grade(inputs, patch, timeout, started)[0]
+
+
+def run_grade(
+    inputs: GradeInputs, patch: str, timeout: float = 600, started: float | None = None
+) -> tuple[Grade, TestRun | None]:
+    """The grade of ``patch`` and the test run it comes from (None when the tests did not run: the patch or the
+    test patch does not apply), in a private copy of the task's start (``grade``'s, and the test feedback's);
+    ``started``: when the grading began (``time.monotonic()``; default now)."""
+    started = time.monotonic() if started is None else started
+    with workspace(inputs.repo, inputs.base) as ws:
         if why := apply_patch(ws.repo, patch):
-            return Grade("patch_failed", reason=why, seconds=time.monotonic() - started)
-        restored = tuple(restore_infrastructure(ws.repo, base, targets))
-        if why := apply_patch(ws.repo, task.test_patch):
-            return Grade("test_patch_failed", reason=why, seconds=time.monotonic() - started, restored=restored)
-        run = run_pytest(env, ws.repo, targets, timeout)
-    status, reason, f2p, p2p = _grade_run(task, run)
+            return Grade("patch_failed", reason=why, seconds=time.monotonic() - started), None
+        restored = tuple(restore_infrastructure(ws.repo, inputs.base, list(inputs.targets)))
+        if why := apply_patch(ws.repo, inputs.test_patch):
+            failed = Grade("test_patch_failed", reason=why, seconds=time.monotonic() - started, restored=restored)
+            return failed, None
+        run = run_pytest(inputs.env, ws.repo, inputs.targets, timeout)
+    status, reason, f2p, p2p = _grade_run(inputs, run)
     if restored:
         reason = f"{reason}; test infrastructure put back: {', '.join(restored[:5])}".lstrip("; ")
-    return Grade(
+    result = Grade(
         status,
         f2p_passed=f2p,
-        f2p_total=len(task.fail_to_pass),
+        f2p_total=len(inputs.fail_to_pass),
         p2p_passed=p2p,
-        p2p_total=len(task.pass_to_pass),
+        p2p_total=len(inputs.pass_to_pass),
         reason=reason,
         seconds=time.monotonic() - started,
         isolation=run.isolation,
         restored=restored,
     )
+    return result, run

@@ -1,10 +1,14 @@
-"""Unified diffs as text: split per file, normalise, reverse, and compare (SWE-RL's similarity)."""
+"""Unified diffs as text: split per file, normalise, reverse, and compare (SWE-RL's similarity, and the similarity
+and base lines of the effective changed lines)."""
 
 from __future__ import annotations
 
 import difflib
+import io
 import re
+import tokenize
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 _HUNK = re.compile(r"^@@ -(\d+(?:,\d+)?) \+(\d+(?:,\d+)?) @@")
 _GIT_HEADER = re.compile(r"^diff --git a/(.*) b/(.*)$")
@@ -104,14 +108,157 @@ def similarity(predicted: str, oracle: str) -> float:
     ``SequenceMatcher(autojunk=False).ratio()`` of the normalised changes (0 when one side lacks the file),
     averaged over the files; 1.0 when both patches are empty."""
     pred, gold = normalised_files(predicted), normalised_files(oracle)
+    return _mean_ratio(pred, gold) if pred or gold else 1.0
+
+
+def _mean_ratio(pred: dict[str, str], gold: dict[str, str]) -> float:
+    """Per file in the union, ``SequenceMatcher(autojunk=False).ratio()`` of the two texts (0 when one side lacks
+    the file), averaged over the files."""
     paths = pred.keys() | gold.keys()
-    if not paths:
-        return 1.0
     ratios = [
         difflib.SequenceMatcher(None, pred[p], gold[p], autojunk=False).ratio() if p in pred and p in gold else 0.0
         for p in paths
     ]
     return sum(ratios) / len(ratios)
+
+
+PYTHON_SUFFIXES = (".py", ".pyi")
+"""The files whose ``#`` comments ``changed_lines`` strips (in any other file a ``#`` line is text)."""
+
+
+def _strip_comment(line: str) -> str:
+    """``line`` (no indentation) without the comment Python's tokenizer finds in it, the line read alone: a ``#``
+    after an unclosed quote stays (a string's), while a line inside a multi-line string is read as code."""
+    if "#" not in line:
+        return line
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(line).readline):
+            if token.type == tokenize.COMMENT:
+                return line[: token.start[1]]
+    except (tokenize.TokenError, SyntaxError):  # an open bracket or string: tokens before it were read
+        pass
+    return line
+
+
+def _normal_line(line: str, python: bool) -> tuple[int, str]:
+    """A changed line as ``changed_runs`` compares it: its indentation's width in a Python file (where it is code;
+    0 elsewhere), and its text with the comment stripped (``python``) and whitespace collapsed."""
+    text = line.strip()
+    indent = len(line.expandtabs(8)) - len(line.expandtabs(8).lstrip()) if python and text else 0
+    return indent, " ".join((_strip_comment(text) if python else text).split())
+
+
+def code_lines(text: str) -> list[str]:
+    """Python ``text`` line by line as ``changed_lines`` reads it, indentation aside: comments stripped, whitespace
+    collapsed, blank lines dropped (two texts with equal code lines differ by a comment or whitespace only)."""
+    return [code for code in (_normal_line(line, True)[1] for line in text.splitlines()) if code]
+
+
+@dataclass(frozen=True)
+class ChangedRun:
+    """A run of adjacent ``-``/``+`` lines of a hunk, reduced to its effective change: blank lines (after
+    normalisation, ``_normal_line``) dropped, and the removed and added lines that normalise alike (their longest
+    common subsequence) cancelled, so that a comment, whitespace or a line re-added as it was changes nothing (a
+    Python line re-indented changes its block: it stays)."""
+
+    start: int
+    """The base line number of the run's first removed line, or, for a run that removes none, of the line the
+    added lines go before."""
+    size: int
+    """The number of base lines the run removes, cancelled ones included."""
+    removed: tuple[tuple[int, str], ...]
+    """The effective removed lines: (base line number, normalised text)."""
+    added: tuple[str, ...]
+    """The effective added lines, normalised."""
+
+    def base_lines(self) -> set[int]:
+        """The base lines the effective change touches: its removed lines; for a pure insertion (added lines only)
+        the run's whole base span with the line above and the line below it (an insertion between lines 4 and 5
+        touches both)."""
+        if self.removed:
+            return {number for number, _ in self.removed}
+        if not self.added:
+            return set()
+        return {n for n in range(self.start - 1, self.start + self.size + 1) if n >= 1}
+
+    def text(self) -> list[str]:
+        return [f"-{line}" for _, line in self.removed] + [f"+{line}" for line in self.added]
+
+
+def _effective_run(start: int, removed: list[str], added: list[str], python: bool) -> ChangedRun:
+    old = [(start + i, _normal_line(line, python)) for i, line in enumerate(removed)]
+    old = [(n, line) for n, line in old if line[1]]
+    new = [line for line in (_normal_line(line, python) for line in added) if line[1]]
+    matcher = difflib.SequenceMatcher(None, [line for _, line in old], new, autojunk=False)
+    kept_old, kept_new = set(range(len(old))), set(range(len(new)))
+    for block in matcher.get_matching_blocks():
+        kept_old -= set(range(block.a, block.a + block.size))
+        kept_new -= set(range(block.b, block.b + block.size))
+    return ChangedRun(
+        start,
+        len(removed),
+        tuple((old[i][0], old[i][1][1]) for i in sorted(kept_old)),
+        tuple(new[i][1] for i in sorted(kept_new)),
+    )
+
+
+def _file_runs(lines: list[str], python: bool) -> list[ChangedRun]:
+    """The runs of changed lines of one file's part of a patch (``split_files``), reduced (``ChangedRun``)."""
+    runs: list[ChangedRun] = []
+    removed: list[str] = []
+    added: list[str] = []
+    line = start = 0
+    for role, text in [*_roles("\n".join(lines)), ("end", "")]:
+        changed = role == "body" and text[:1] in ("-", "+")
+        if (removed or added) and not changed and not text.startswith("\\"):
+            runs.append(_effective_run(start, removed, added, python))
+            removed, added = [], []
+        if role == "hunk":
+            old = _match(_HUNK, text).group(1)
+            line = int(old.split(",")[0]) + (_count(old) == 0)  # an empty old range names the line above
+        elif changed:
+            start = start if removed or added else line
+            (removed if text[0] == "-" else added).append(text[1:])
+            line += text[0] == "-"
+        elif role == "body" and not text.startswith("\\"):
+            line += 1
+    return [run for run in runs if run.removed or run.added]
+
+
+def changed_runs(patch: str) -> dict[str, list[ChangedRun]]:
+    """``{path: its runs of changed lines, reduced to their effective change}`` for every file whose change is
+    effective (``ChangedRun``); ``#`` comments are stripped in Python files (``PYTHON_SUFFIXES``) only."""
+    runs = {path: _file_runs(lines, path.endswith(PYTHON_SUFFIXES)) for path, lines in split_files(patch).items()}
+    return {path: effective for path, effective in runs.items() if effective}
+
+
+def changed_lines(patch: str) -> dict[str, str]:
+    """``{path: its effective changed lines}``: per run the removed lines (``-``) then the added ones (``+``),
+    normalised, without context, headers or line numbers (``changed_runs``)."""
+    return {path: "\n".join(line for run in runs for line in run.text()) for path, runs in changed_runs(patch).items()}
+
+
+def changed_lines_similarity(predicted: str, oracle: str) -> float:
+    """SWE-RL's similarity over the effective changed lines only (``changed_lines``): per file in the union of both
+    patches the ``SequenceMatcher`` ratio of the two texts (0 when one side lacks the file), averaged over the files.
+    0 when ``predicted`` changes nothing effective (no edit, a comment, whitespace), 1 for the exact fix. Unlike
+    ``similarity``, context lines and line numbers weigh nothing: a comment on the buggy line shares a hunk's context
+    with the fix, and ``similarity`` pays it most of the way."""
+    pred = changed_lines(predicted)
+    return _mean_ratio(pred, changed_lines(oracle)) if pred else 0.0
+
+
+def changed_base_lines(patch: str) -> dict[str, set[int]]:
+    """``{path: the base line numbers its effective changes touch}`` (``ChangedRun.base_lines``): what localisation
+    compares."""
+    return {path: set().union(*(run.base_lines() for run in runs)) for path, runs in changed_runs(patch).items()}
+
+
+def shares_changed_line(predicted: str, oracle: str) -> float:
+    """1.0 when ``predicted``'s effective changes touch a base line that ``oracle``'s touch, in the same file
+    (``changed_base_lines``): the patch is localised; else 0.0."""
+    pred, gold = changed_base_lines(predicted), changed_base_lines(oracle)
+    return float(any(pred[path] & gold[path] for path in pred.keys() & gold.keys()))
 
 
 def changed_paths(patch: str) -> list[str]:

@@ -24,7 +24,10 @@ from aitlrt.tasks.envs import TestEnv
 from aitlrt.tasks.sandbox import run_sandboxed
 
 CHANNEL_DIR = Path(__file__).parent / "grade_channel"
-CHANNEL_ARGS = ("-p", "aitlrt_grade_channel", "-p", "no:cacheprovider", "-o", "addopts=")
+CHANNEL_ARGS = ("-p", "aitlrt_grade_channel", "-p", "no:cacheprovider", "-o", "addopts=", "--tb=short")
+"""After the task's test command: our plugin, no cache, the project's ``addopts`` reset, and short tracebacks (the
+output is read for the test feedback and reasons only, never for outcomes; SWE-bench's commands often say
+``--tb=no``)."""
 PASSED, XFAIL = "PASSED", "XFAIL"
 
 
@@ -120,13 +123,13 @@ def run_pytest(env: TestEnv, repo: Path, targets: Sequence[str], timeout: float)
         "AITLRT_GRADE_FD": str(result_w),
         "AITLRT_GRADE_NONCE_FD": str(nonce_r),
     }
-    line = " ".join([env.spec.test_cmd, *CHANNEL_ARGS[:-1], shlex.quote(CHANNEL_ARGS[-1]), *map(shlex.quote, targets)])
+    line = " ".join([env.spec.test_cmd, *map(shlex.quote, [*CHANNEL_ARGS, *targets])])
     result = run_sandboxed(
         ["bash", "-c", line],
         repo,
         run_env,
         timeout,
-        binds=[env.root, CHANNEL_DIR],
+        binds=[env.root, (env.root / "venv").resolve(), CHANNEL_DIR],  # the venv itself where it is a link
         pass_fds=(result_w, nonce_r),
         read_fds=(result_r,),
         writable=False,

@@ -45,11 +45,30 @@ NO_ISOLATION = "none"
 log = logging.getLogger(__name__)
 
 
+HIDE_ENV = "AITLRT_SANDBOX_HIDE"
+"""More folders to hide from sandboxed code (``os.pathsep``-separated), e.g. where task files with oracle patches
+live."""
+
+
+def hidden_folders() -> list[Path]:
+    """The folders sandboxed code must not read, each covered by an empty one (``bwrap``): ``AITLRT_HOME`` (cached
+    repositories hold every fix commit; task files, warm-start data, other rollouts' copies), ``AITLRT_SCRATCH``,
+    the working directory of the process that grades (a run's output: recorded rollouts with the oracle patch) and
+    ``AITLRT_SANDBOX_HIDE``'s. What the command needs from them (its test environment, its copy) is bound back. A
+    patch that read them could run the fix at import time, or print it into the test feedback the model reads."""
+    from aitlrt.common.paths import aitlrt_home, scratch_dir
+
+    extra = [Path(p) for p in os.environ.get(HIDE_ENV, "").split(os.pathsep) if p]
+    folders = (p.resolve() for p in (aitlrt_home(), scratch_dir(), Path.cwd(), *extra))
+    return [p for p in dict.fromkeys(folders) if p.is_dir() and p != Path("/")]
+
+
 def _bwrap(bwrap: str, cwd: Path, binds: Sequence[Path] = (), writable: bool = True) -> tuple[str, ...]:
-    # Order matters: the private /tmp first, so that folders under /tmp are bound on top of it.
+    # Order matters: the private /tmp and the hidden folders first, so that folders in them are bound on top.
+    hide = [arg for p in hidden_folders() for arg in ("--tmpfs", str(p))]
     ro_binds = [arg for b in dict.fromkeys(binds) for arg in ("--ro-bind", str(b), str(b))]
     return (
-        bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", *ro_binds,
+        bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", *hide, *ro_binds,
         "--bind" if writable else "--ro-bind", str(cwd), str(cwd), "--chdir", str(cwd),
         "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
         "--cap-drop", "ALL", "--die-with-parent", "--new-session", "--",

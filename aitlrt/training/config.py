@@ -44,6 +44,21 @@ class AgentGRPOConfig(GRPOConfig):
     )
     rollout_timeout_s: float = field(default=600.0, metadata={"help": "wall-clock limit per rollout"})
     rollout_max_calls: int | None = field(default=8, metadata={"help": "model calls per rollout (proxy-enforced)"})
+    test_feedback_rounds: int = field(
+        default=0,
+        metadata={
+            "help": "test feedback: after an edit, Aider runs the task's tests in the grader's sandbox "
+            "(aitlrt.tasks.feedback) and sends the failures back to the model for another try, at most this many "
+            "times per rollout (each one more call: rollout_max_calls must be at least 1 + this); 0: no test runs"
+        },
+    )
+    test_feedback_max_chars: int = field(
+        default=3000,
+        metadata={"help": "test feedback: characters of test output sent back per round (the tracebacks first)"},
+    )
+    test_feedback_timeout_s: float = field(
+        default=120.0, metadata={"help": "test feedback: wall-clock limit of one run of the tests"}
+    )
     rollout_concurrency: int | None = field(
         default=None,
         metadata={"help": "agents at once per rank (default: aitlrt.common.resources.rollout_concurrency())"},
@@ -195,7 +210,7 @@ class AgentGRPOConfig(GRPOConfig):
             # trl's default, bf16, becomes bf16 autocast only where the CPU has native bf16 (else ~3x slower than fp32)
             self.bf16 = cpu_mixed_precision(self.bf16, "GRPO")
         super().__post_init__()
-        self.rollout_settings()  # refuses an unknown agent or aider_reminder now, not at the first rollout
+        self.rollout_settings()  # refuses an unknown agent, aider_reminder or test feedback now, not at a rollout
         if self.weight_sync not in ("reload", "nccl", "none"):
             raise ValueError(f"weight_sync must be reload, nccl or none, got {self.weight_sync!r}")
         if self.weight_sync == "nccl" and not torch.cuda.is_available():
@@ -238,6 +253,9 @@ class AgentGRPOConfig(GRPOConfig):
             context_window=self.context_window,
             recycle_workspaces=self.recycle_workspaces,
             seed=seed,
+            test_feedback_rounds=self.test_feedback_rounds,
+            test_feedback_max_chars=self.test_feedback_max_chars,
+            test_feedback_timeout_s=self.test_feedback_timeout_s,
         )
 
     def _refuse_unsupported(self) -> None:
@@ -365,6 +383,16 @@ class AgentScriptArguments:
         },
     )
     grpo_from_tasks: int = field(default=12, metadata={"help": "tasks generated per grpo_from source"})
+    heldout_from: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "more sources (pypi:NAME==VERSION, git:URL@SHA, a path) whose generated tasks (heldout_from_tasks "
+            "each) join the held-out tasks only: a package that neither the warm start nor GRPO sees, so the held-out "
+            "reading covers code of another kind than the training files (refused if also in grpo_from or "
+            "warm_start_from)"
+        },
+    )
+    heldout_from_tasks: int = field(default=12, metadata={"help": "tasks generated per heldout_from source"})
     heldout_reward_weights: list[float] | None = field(
         default=None,
         metadata={
@@ -378,7 +406,7 @@ class AgentScriptArguments:
             raise ValueError(f"warm_start_share must be in [0, 1], got {self.warm_start_share}")
         if self.warm_start_share == 0.0 and not self.warm_start_from:
             raise ValueError("warm_start_share 0 leaves the warm start no task: give it some with warm_start_from")
-        for name in ("warm_start_from_tasks", "grpo_from_tasks"):
+        for name in ("warm_start_from_tasks", "grpo_from_tasks", "heldout_from_tasks"):
             if getattr(self, name) < 1:
                 raise ValueError(
                     f"{name} must be at least 1, got {getattr(self, name)} (an empty source list adds none)"
@@ -388,6 +416,8 @@ class AgentScriptArguments:
                 f"heldout_reward_weights has {len(self.heldout_reward_weights)} weights for "
                 f"{len(self.rewards)} rewards {self.rewards}"
             )
+        if trained := sorted(set(self.heldout_from) & (set(self.grpo_from) | set(self.warm_start_from))):
+            raise ValueError(f"heldout_from {', '.join(trained)}: also in grpo_from or warm_start_from (trained on)")
         if self.warm_start_from and self.warm_start != "oracle":
             raise ValueError(f"warm_start_from adds tasks to warm_start 'oracle', not to {self.warm_start!r}")
         if self.warm_start_share < 1.0 and self.warm_start != "oracle":

@@ -65,7 +65,8 @@ class RunTasks:
     grpo: list[dict[str, Any]]
     """GRPO's: the training tasks of ``--tasks`` not kept for the warm start, then ``--grpo_from``'s."""
     heldout: list[dict[str, Any]] = field(default_factory=list)
-    """``heldout_share`` of ``--tasks`` (``split_heldout``), scored before and after training."""
+    """``heldout_share`` of ``--tasks`` (``split_heldout``), then ``--heldout_from``'s: scored before and after
+    training."""
     warm_start: list[dict[str, Any]] = field(default_factory=list)
     """The oracle warm start's: its ``warm_start_share`` of the training tasks, then ``--warm_start_from``'s."""
 
@@ -79,6 +80,10 @@ def run_tasks(script: AgentScriptArguments) -> RunTasks:
     if script.heldout_share > 0:
         rows, heldout = split_heldout(rows, script.heldout_share, script.heldout_files, script.heldout_seed)
         log.info("%d training tasks, %d held out", len(rows), len(heldout))
+    if script.heldout_from:
+        unseen = source_rows(script.heldout_from, script.heldout_from_tasks, script.generate_max_file_lines)
+        heldout += unseen
+        log.info("%d held-out tasks of heldout_from (a package nothing trains on)", len(unseen))
     warm: list[dict[str, Any]] = []
     warm_extra = source_rows(script.warm_start_from, script.warm_start_from_tasks, script.generate_max_file_lines)
     if script.warm_start != "none":

@@ -66,7 +66,8 @@ from aitlrt.common.lm_head import scored_positions_only
 from aitlrt.common.shared_prefix import prefix_batches, shared_prefix_forward, use_shared_prefix
 from aitlrt.rewards.builtin import GRADED, EarlyGrader, grader_failure
 from aitlrt.rewards.inputs import guarded, reward_row
-from aitlrt.rollout.agents import AgentTask, make_agent
+from aitlrt.rollout.agents import make_agent
+from aitlrt.rollout.batch import agent_task
 from aitlrt.rollout.runner import RolloutOutcome, RolloutRequest, RolloutRunner
 from aitlrt.rollout.timing import time_split
 from aitlrt.tasks.difficulty import read_difficulty
@@ -278,11 +279,11 @@ class AgentGRPOTrainer(GRPOTrainer):
         done = self.state.global_step if step is None else step - 1
         tag = f"s{done:05d}-r{self.accelerator.process_index}-{uuid.uuid4().hex[:6]}"
         requests, rows = [], {}
+        settings = self.args.rollout_settings()  # the test feedback's
         for i, row in enumerate(inputs):
             task = self._task(row)
             repo, base = self._checkout(task)
-            agent_task = AgentTask(task.instance_id, task.problem_statement, task.files)
-            requests.append(RolloutRequest(f"{tag}-{i:03d}", agent_task, repo, base))
+            requests.append(RolloutRequest(f"{tag}-{i:03d}", agent_task(task, settings), repo, base))
             rows[requests[-1].rollout_id] = row
 
         def grade_early(outcome: RolloutOutcome) -> None:

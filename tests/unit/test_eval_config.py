@@ -19,8 +19,8 @@ def test_a_training_config_sets_evals_defaults():
     assert (args.max_tokens, args.temperature, args.top_p, args.top_k) == (256, 0.7, 0.95, -1)
     assert args.serve_args == "--enforce-eager --max-model-len 6144"
     assert args.rewards == (
-        "tests_pass=1,patch_similarity=0.5,non_empty_patch=0.1,tests_pass_fraction=0,unbroken_patch_similarity=0,"
-        "edit_tests_pass_fraction=0,anchored_change=0,finished_answers=0"
+        "tests_pass=1,patch_similarity=0,non_empty_patch=0,tests_pass_fraction=0,unbroken_patch_similarity=0,"
+        "edit_tests_pass_fraction=0,anchored_change=0,finished_answers=0,changed_lines_similarity=0.5"
     )
     assert not args.fresh_workspaces and args.seed == 0
 

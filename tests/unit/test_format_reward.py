@@ -78,7 +78,8 @@ def test_an_anchored_change_is_paid_by_the_share_of_its_search_lines_the_file_ho
         (_outcome("call_limit", edit_block("m.py", four_lines_one_made_up, "def f(a):\n    return 2\n")), 0.75),
         (_outcome("call_limit", edit_block("m.py", "    return 3\n    return 1\n", "    pass\n")), 0.5),  # out of order
         (_outcome("no_patch", edit_block("m.py", "def g():\n", "def g():\n")), 0.0),  # an identity edit
-        (_outcome("ok", edit_block("new.py", "", "x = 1\n")), 1.0),  # Aider's way to write a new file
+        (_outcome("ok", edit_block("new.py", "", "x = 1\n")), 0.0),  # an empty SEARCH (a new file) anchors nothing
+        (_outcome("ok", edit_block("m.py", "", "# reviewed\n")), 0.0),  # nor does text appended to the file
         (_outcome("no_patch", "The bug is in `f`."), 0.0),
         (_outcome("crashed", block), 0.0),
     ]

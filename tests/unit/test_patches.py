@@ -9,7 +9,16 @@ from pathlib import Path
 import pytest
 
 from aitlrt.common.git import git
-from aitlrt.tasks.patches import changed_paths, normalised_files, reverse, similarity
+from aitlrt.tasks.patches import (
+    changed_base_lines,
+    changed_lines,
+    changed_lines_similarity,
+    changed_paths,
+    normalised_files,
+    reverse,
+    shares_changed_line,
+    similarity,
+)
 
 A = """diff --git a/pkg/a.py b/pkg/a.py
 index 1111111..2222222 100644
@@ -102,3 +111,77 @@ def test_reverse_round_trips_every_real_task_patch(data_dir: Path):
         patch = row.get("bug_patch") or row["patch"]
         assert reverse(reverse(patch)) == patch, row["instance_id"]
         assert set(changed_paths(patch)) == set(normalised_files(patch)), row["instance_id"]
+
+
+FIX = """diff --git a/pkg/c.py b/pkg/c.py
+--- a/pkg/c.py
++++ b/pkg/c.py
+@@ -3,5 +3,5 @@ def g(key):
+     if key is None:
+         return 0
+-    if key > 10:
++    if key >= 10:
+         return 1
+     return 2
+"""
+
+
+def _edit(old: str, new: str, start: int = 5) -> str:
+    """A one-hunk patch of ``pkg/c.py`` that replaces line ``start`` (``old``, indented) by ``new``'s lines."""
+    added = "".join(f"+{line}\n" for line in new.splitlines())
+    return f"--- a/pkg/c.py\n+++ b/pkg/c.py\n@@ -{start},1 +{start},{len(new.splitlines())} @@\n-{old}\n{added}"
+
+
+def test_changed_lines_similarity_scores_the_exact_fix_1_and_no_effective_change_0():
+    buggy = "    if key > 10:"
+    assert changed_lines_similarity(FIX, FIX) == 1.0
+    assert changed_lines_similarity(_edit(buggy, "    if key >= 10:"), FIX) == 1.0  # context is no part of it
+    assert changed_lines_similarity(_edit(buggy, "    if  key  >=  10:  # the fix"), FIX) == 1.0
+    assert changed_lines_similarity(_edit(buggy, buggy + "  # the bug is here"), FIX) == 0.0  # a comment
+    assert changed_lines_similarity(_edit(buggy, buggy + "   "), FIX) == 0.0  # whitespace
+    assert changed_lines_similarity(_edit(buggy, "    # look here\n" + buggy + "\n"), FIX) == 0.0  # a comment line
+    assert changed_lines_similarity("", FIX) == changed_lines_similarity("", "") == 0.0
+    assert similarity(_edit(buggy, buggy + "  # the bug is here"), FIX) > 0.5, "SWE-RL's form pays the context"
+    near = changed_lines_similarity(_edit(buggy, "    if key >= 11:"), FIX)
+    far = changed_lines_similarity(_edit(buggy, "    raise NotImplementedError"), FIX)
+    assert 0.0 < far < near < 1.0
+    assert changed_lines_similarity(FIX + B, FIX) == pytest.approx(0.5), "a file the oracle leaves scores 0"
+
+
+def test_a_hash_in_a_string_and_a_python_reindent_are_changes_a_comment_elsewhere_is_not():
+    assert changed_lines(_edit('    s = "a"', '    s = "a # b"')) == {"pkg/c.py": '-s = "a"\n+s = "a # b"'}
+    assert changed_lines(_edit("    return 2", "        return 2")) == {"pkg/c.py": "-return 2\n+return 2"}
+    assert changed_lines(_edit("    f(a,", "    f(a,  # why")) == {}  # an open bracket: the comment still found
+    txt = "--- a/notes.txt\n+++ b/notes.txt\n@@ -1 +1 @@\n-x\n+x  # note\n"
+    assert changed_lines(txt) == {"notes.txt": "-x\n+x # note"}, "a '#' is text outside Python files"
+
+
+def test_lines_moved_across_context_are_a_change():
+    moved = """--- a/m.py
++++ b/m.py
+@@ -4,3 +4,3 @@
+-    a = 1
+-else:
+     b = 2
++else:
++    a = 1
+"""
+    assert changed_lines(moved) == {"m.py": "-a = 1\n-else:\n+else:\n+a = 1"}
+    assert changed_base_lines(moved) == {"m.py": {4, 5, 6, 7}}, "lines 4, 5; an insertion between 6 and 7"
+
+
+def test_changed_base_lines_are_the_effective_removed_lines_or_an_insertions_neighbours():
+    assert changed_base_lines(FIX) == {"pkg/c.py": {5}}
+    assert changed_base_lines(_edit("    if key > 10:", "    if key > 10:  # here")) == {}
+    inserted = "--- a/m.py\n+++ b/m.py\n@@ -7,0 +8,2 @@\n+    if x is None:\n+        return\n"
+    assert changed_base_lines(inserted) == {"m.py": {7, 8}}, "between lines 7 and 8"
+    at_top = "--- a/m.py\n+++ b/m.py\n@@ -1,2 +1,3 @@\n+import os\n x = 1\n y = 2\n"
+    assert changed_base_lines(at_top) == {"m.py": {1}}
+    # a run whose removed line comes back as it was, with a line added: an insertion around the line kept
+    kept = "--- a/m.py\n+++ b/m.py\n@@ -3,3 +3,4 @@\n a\n-b\n+b\n+c\n d\n"
+    assert changed_base_lines(kept) == {"m.py": {3, 4, 5}}
+    assert changed_base_lines(B) == {"pkg/b.py": {11}}
+    appended = "--- a/m.py\n+++ b/m.py\n@@ -9,0 +10 @@\n+# reviewed\n"  # a comment appended: no change
+    assert changed_base_lines(appended) == {}
+    assert shares_changed_line(FIX, FIX) == 1.0 and shares_changed_line(inserted, FIX) == 0.0
+    assert shares_changed_line(_edit("    return 1", "    return 3", start=6), FIX) == 0.0, "the next line"

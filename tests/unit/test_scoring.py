@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from types import SimpleNamespace
 
 import pytest
@@ -13,8 +14,8 @@ from aitlrt.rollout.runner import RolloutOutcome
 
 
 def test_summary_has_the_weighted_reward_and_its_standard_error():
-    outcomes = [
-        RolloutOutcome(f"r{i}", "t", "ok" if patch else "no_patch", "", patch, 1, 0, 10, "")
+    outcomes = [  # one rollout per task: the clustered error is the plain one
+        RolloutOutcome(f"r{i}", f"t{i}", "ok" if patch else "no_patch", "", patch, 1, 0, 10, "")
         for i, patch in enumerate(["diff a", "", "diff b", ""])
     ]
     rewards = {"patch_similarity": [1.0, 0.0, 0.5, 0.0], "non_empty_patch": [1.0, 0.0, 1.0, 0.0]}
@@ -32,7 +33,7 @@ def test_the_heldout_table_shows_each_checkpoints_reward_with_its_standard_error
     from aitlrt.evaluation.checkpoints import CheckpointResult
     from aitlrt.evaluation.heldout import summary_table
 
-    outcomes = [RolloutOutcome(f"r{i}", "t", "ok", "", "diff", 1, 0, 10, "") for i in range(2)]
+    outcomes = [RolloutOutcome(f"r{i}", f"t{i}", "ok", "", "diff", 1, 0, 10, "") for i in range(2)]
     weights = {"patch_similarity": 1.0}
     results = [
         CheckpointResult(label, Batch([], outcomes), {}, summarise(Batch([], outcomes), scores, weights))
@@ -93,3 +94,72 @@ def test_the_heldout_table_shows_the_paired_gain_of_seeded_evaluations():
     assert "50% of the rollouts left the same patch" in line
     unpaired = result("after", ["x", "z"], {"patch_similarity": [0.3, 0.3]}, [None, None])
     assert "paired" not in summary_table([before, unpaired], weights)
+
+
+def test_pass_at_k_is_the_unbiased_estimator():
+    from aitlrt.evaluation.scoring import pass_at_k
+
+    assert pass_at_k(4, 0, 2) == 0.0 and pass_at_k(4, 4, 2) == 1.0
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert pass_at_k(4, 1, 2) == pytest.approx(1 - 3 / 6)  # 1 - C(3,2)/C(4,2)
+    assert pass_at_k(5, 2, 3) == pytest.approx(1 - 1 / 10)  # 1 - C(3,3)/C(5,3)
+    assert pass_at_k(4, 3, 2) == 1.0, "every pair of draws holds a pass"
+    assert pass_at_k(2, 1, 4) == 1.0 and pass_at_k(2, 0, 4) == 0.0, "k > n: whether any passed"
+    with pytest.raises(ValueError):
+        pass_at_k(2, 3, 1)
+
+
+def test_standard_errors_are_clustered_by_task():
+    from aitlrt.evaluation.scoring import clustered_se, paired_difference
+
+    values = [1.0, 1.0, 0.0, 0.0, 0.0, 1.0, math.nan]
+    tasks = ["a", "a", "b", "b", "c", "c", "c"]
+    means = [1.0, 0.0, 0.5]  # c's NaN left out
+    assert clustered_se(values, tasks) == pytest.approx(0.5 / math.sqrt(3))  # stdev(means) = 0.5
+    assert statistics.stdev(means) == pytest.approx(0.5)
+    assert clustered_se([0.0, 1.0], ["a", "a"]) == 0.0, "one task: no spread to read"
+    assert math.isnan(clustered_se([math.nan], ["a"]))
+    # paired: per-task mean differences a 0.5, b 0 → mean of all pairs 0.25, error stdev([0.5, 0]) / sqrt 2
+    before, after = [0.0, 0.0, 1.0, 0.0], [1.0, 0.0, 1.0, 0.0]
+    gain, se = paired_difference(before, after, clusters=["a", "a", "b", "b"])
+    assert gain == pytest.approx(0.25) and se == pytest.approx(math.sqrt(0.125) / math.sqrt(2))
+    assert paired_difference(before, after)[1] == pytest.approx(0.25), "unclustered: four independent pairs"
+    assert paired_difference([math.nan, 0.0], [1.0, 1.0], clusters=["a", "b"]) == (1.0, 0.0)
+
+
+def test_summary_leads_with_the_resolve_rate_and_reads_the_measures():
+    from aitlrt.evaluation.scoring import MEASURES, measure_funcs
+
+    assert list(measure_funcs()) == list(MEASURES)
+    # two tasks x 3 rollouts: a resolves 2 of 3 (one grade failed: NaN), b none; b's rollouts edit nothing once
+    tasks = ["a", "a", "a", "b", "b", "b"]
+    patches = ["fix", "fix", "bad", "x", "", "y"]
+    outcomes = [
+        RolloutOutcome(f"r{i}", t, "ok", "", p, 2, 0, 10, "")
+        for i, (t, p) in enumerate(zip(tasks, patches, strict=True))
+    ]
+    rewards = {
+        "tests_pass": [1.0, math.nan, 0.0, 0.0, 0.0, 0.0],
+        "keeps_pass_to_pass": [1.0, math.nan, 0.0, 1.0, 0.0, 0.0],  # the no-edit rollout's 0 is no edit's
+        "localised": [1.0, 1.0, 1.0, 0.0, 0.0, 0.0],
+        "changed_lines_similarity": [1.0, 1.0, 0.5, 0.0, 0.0, 0.25],
+        "format": [math.nan, 1.0, 1.0, 1.0, 1.0, 1.0],  # a NaN without a weight does not spoil the reward
+    }
+    summary = summarise(Batch([], outcomes), rewards, {"tests_pass": 1.0, "localised": 0.5})
+    assert summary["resolve_rate"] == pytest.approx(1 / 5)
+    assert summary["resolve_se"] == pytest.approx(statistics.stdev([0.5, 0.0]) / math.sqrt(2))
+    assert summary["pass@1"] == pytest.approx((1 / 2 + 0) / 2)
+    assert summary["k"] == 3 and summary["pass@k"] == pytest.approx((1.0 + 0) / 2), "a: 1 of 2 graded, k > n"
+    assert summary["p2p_kept_edits"] == pytest.approx(2 / 4), "of the 5 edits, 4 graded, 2 keep the tests"
+    assert summary["edit_rate"] == pytest.approx(5 / 6)
+    assert summary["localisation"] == summary["localised"] == pytest.approx(0.5)
+    assert summary["changed_lines_similarity"] == pytest.approx(2.75 / 6)
+    # weighted: 1.5, NaN, 0.5, 0, 0, 0 (per task a 1.0, b 0)
+    assert summary["reward"] == pytest.approx(2 / 5)
+    assert summary["reward_se"] == pytest.approx(statistics.stdev([1.0, 0.0]) / math.sqrt(2))
+    bare = summarise(Batch([], outcomes), {"format": rewards["format"]})
+    assert not {"resolve_rate", "resolve_se", "pass@1", "pass@k", "p2p_kept_edits", "localisation", "reward"} & set(
+        bare
+    )
+    no_edits = [RolloutOutcome("r", "a", "no_patch", "", "", 1, 0, 10, "")]
+    assert math.isnan(summarise(Batch([], no_edits), {"keeps_pass_to_pass": [0.0]})["p2p_kept_edits"])

@@ -284,10 +284,16 @@ def test_run_tasks_give_each_sources_tasks_to_its_own_part_only(monkeypatch):
     assert {i for i in ids["grpo"] if "==" in i} == {f"pypi:{s}==1-{i}" for s in "gh" for i in range(3)}
     assert {i for i in ids["warm_start"] if "==" in i} == {"pypi:w==1-0", "pypi:w==1-1"}
     assert not {i for i in ids["heldout"] if "==" in i}, "other sources' tasks are never held out"
+    script = AgentScriptArguments(heldout_share=0.3, heldout_from=["pypi:u==1"], heldout_from_tasks=2)
+    unseen = dataset.run_tasks(script)
+    assert {r["instance_id"] for r in unseen.heldout if "==" in r["instance_id"]} == {"pypi:u==1-0", "pypi:u==1-1"}
+    assert not {r["instance_id"] for r in unseen.grpo if "==" in r["instance_id"]}, "held out only"
+    with pytest.raises(ValueError, match="heldout_from pypi:g==1: also in grpo_from"):
+        AgentScriptArguments(heldout_from=["pypi:g==1"], grpo_from=["pypi:g==1"])
     assert ids["heldout"] and ids["heldout"].isdisjoint(ids["grpo"] | ids["warm_start"])
     own = {part: {task_function(r) for r in getattr(tasks, part) if "mutation" in r} for part in ids}
     assert own["grpo"] and own["warm_start"] and own["grpo"].isdisjoint(own["warm_start"])
-    assert asked == [(["pypi:w==1"], 2), (["pypi:g==1", "pypi:h==1"], 3)]
+    assert asked[:2] == [(["pypi:w==1"], 2), (["pypi:g==1", "pypi:h==1"], 3)]
     assert not dataset.run_tasks(AgentScriptArguments(heldout_share=0.3)).warm_start
     held = tasks.heldout[0]["instance_id"]  # a source that gives a held-out task again (e.g. --generate_from's)
     monkeypatch.setattr(dataset, "source_rows", lambda sources, n, lines: [{"instance_id": held}] if sources else [])

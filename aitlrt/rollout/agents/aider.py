@@ -4,7 +4,9 @@ Its pins conflict with trl/vLLM, so it never shares our environment: ``jobs/setu
 ``$AITLRT_HOME/aider-venv`` (or ``$AITLRT_AIDER_VENV``). The weak model (summaries, commit messages) is the
 policy under the name ``<model>-weak``, whose calls carry the ``X-AITLRT-Tag: weak`` header so the trainer
 can tell them apart. Both ways of running it (the CLI, warm workers) install ``edit_guard``: an edit outside the
-repository or under ``.git`` is refused, and the model is told so.
+repository or under ``.git`` is refused, and the model is told so. A task with a test command (test feedback) runs
+it after each applied edit (``--test-cmd``, ``--auto-test``; ``--yes-always`` answers "Attempt to fix test
+errors?"): a failing run's output goes back to the model as the next user message.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import os
 import queue
 import select
+import shlex
 import shutil
 import subprocess
 import threading
@@ -134,7 +137,7 @@ class AiderAgent:
             "--no-suggest-shell-commands",
             "--no-detect-urls",
             "--no-auto-lint",
-            "--no-auto-test",
+            *self.test_arguments(task, endpoint.context_window),
             "--no-restore-chat-history",
             "--input-history-file",
             "/dev/null",
@@ -149,6 +152,16 @@ class AiderAgent:
         if self.streaming:
             args.remove("--no-stream")
         return args
+
+    @staticmethod
+    def test_arguments(task: AgentTask, context_window: int) -> list[str]:
+        """Aider runs the task's test command after each applied edit, when it has one; its chat history is then
+        never summarised below the context window (the weak model's summaries of a history past 1,024 tokens,
+        which a test report passes, spent calls of the rollout's ``max_calls`` and were never used)."""
+        if not task.test_command:
+            return ["--no-auto-test"]
+        history = ["--max-chat-history-tokens", str(context_window)]
+        return ["--test-cmd", shlex.join(task.test_command), "--auto-test", *history]
 
     def run(self, task: AgentTask, ws: Workspace, endpoint: ModelEndpoint, timeout_s: float) -> AgentExit:
         if not (self.venv / "bin" / "aider").exists():
@@ -225,11 +238,13 @@ class WarmAiderAgent(AiderAgent):
 
     Each worker runs one rollout at a time, exactly as the CLI would (same arguments, ``aider.main.main``).
     A worker that times out or dies is killed with its process group and replaced; workers are also
-    recycled after ``jobs_per_worker`` rollouts so no state accumulates. Sets ``max_reflections`` too,
-    which the CLI cannot.
+    recycled after ``jobs_per_worker`` rollouts so no state accumulates. Sets Aider's ``max_reflections`` too,
+    which the CLI cannot (its 3 serve every retry: a file to add, an edit that did not apply, a test round).
     """
 
     max_reflections: int = 3
+    """Aider's retries within a rollout besides the task's test rounds, which come on top (the test command counts
+    its own rounds)."""
     jobs_per_worker: int = 50
     start_timeout_s: float = 120.0
     name: str = "aider-warm"
@@ -289,7 +304,7 @@ class WarmAiderAgent(AiderAgent):
             "cwd": str(ws.repo),
             "home": str(home),
             "log": str(log),
-            "max_reflections": self.max_reflections,
+            "max_reflections": self.max_reflections + task.test_rounds,
         }
         worker.stdin.write(json.dumps(job) + "\n")
         reply = worker.read(timeout_s - (time.monotonic() - start))

@@ -20,6 +20,11 @@ class AgentTask:
     """What to do: the problem statement."""
     files: tuple[str, ...] = ()
     """Files to open for the agent up front (paths relative to the repository), if known."""
+    test_command: tuple[str, ...] = ()
+    """The task's test feedback (``aitlrt.tasks.feedback``): an argv run with the repository as working directory
+    after an edit, which prints the test output (truncated) and exits 0 iff the task's tests pass; empty: none."""
+    test_rounds: int = 0
+    """How many times at most the failing tests' output goes back to the model for another try."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,101 @@
+"""Every answer and patch term against the trivial policies on a small real task (a generated cachetools task whose
+fix swaps two branches, graded for real in the sandbox): no edit, a comment appended to the file (an empty SEARCH), a
+comment on the buggy line, a whitespace-only edit (a blank line appended), and the oracle fix. The test prints the
+whole table (``pytest -s``); it asserts what the measures are for: a comment or whitespace changes no line, only
+the fix resolves, and an empty SEARCH anchors nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from aitlrt.common.git import git
+from aitlrt.rewards.builtin import REWARDS
+from aitlrt.rewards.inputs import reward_row, score
+from aitlrt.rollout.runner import RolloutOutcome
+from aitlrt.tasks.loader import load_tasks
+from aitlrt.tasks.task import Task
+from aitlrt.training.dataset import generated_tasks
+from aitlrt.warmstart.oracle import edit_block
+
+TASK = "cachetools-8.0.1.invert_if__21ca41b0"
+PATH = "src/cachetools/_cached.py"
+BUGGY = "            wrapper = _InfoWrapper(func, cache, key, info)\n"
+"""The first line the oracle fix changes (line 98), once in the file."""
+TERMS = (
+    "tests_pass",
+    "keeps_pass_to_pass",
+    "non_empty_patch",
+    "well_formed_edit",
+    "well_formed_change",
+    "anchored_change",
+    "finished_answers",
+    "edit_tests_pass_fraction",
+    "patch_similarity",
+    "changed_lines_similarity",
+    "unbroken_patch_similarity",
+    "unbroken_changed_lines_similarity",
+    "localised",
+)
+
+
+@pytest.fixture(scope="module")
+def task() -> Task:
+    (found,) = load_tasks(generated_tasks("pypi:cachetools==8.0.1", 4, 200), ids={TASK}).tasks
+    return found
+
+
+def _base_text(task: Task) -> str:
+    repo, base = task.checkout()
+    return git("show", f"{base}:{PATH}", cwd=repo)
+
+
+def _policies(task: Task) -> dict[str, tuple[str, Callable[[str], str]]]:
+    """Each trivial policy's answer (Aider's ``diff`` format) and the edit it makes of the file's text."""
+    hunk = task.patch.split("\n@@", 1)[1].splitlines()[1:]  # the fix's one hunk: its base and fixed sides
+    search = "".join(line[1:] + "\n" for line in hunk if line[:1] in (" ", "-"))
+    fixed = "".join(line[1:] + "\n" for line in hunk if line[:1] in (" ", "+"))
+    commented = BUGGY.rstrip("\n") + "  # the bug is here\n"
+    return {
+        "no edit": ("I could not find the bug.", lambda text: text),
+        "comment at end": (edit_block(PATH, "", "# reviewed\n"), lambda text: text + "# reviewed\n"),
+        "comment on bug": (edit_block(PATH, BUGGY, commented), lambda text: text.replace(BUGGY, commented)),
+        "whitespace": (edit_block(PATH, "", "\n"), lambda text: text + "\n"),
+        "oracle": (edit_block(PATH, search, fixed), lambda text: text.replace(search, fixed)),
+    }
+
+
+def _patch(make_repo: Callable[..., Path], text: str, edit: Callable[[str], str], name: str) -> str:
+    """Git's diff of the file edited as ``edit`` does, in a real repository holding the file at the task's start."""
+    repo = make_repo({PATH: text}, name=name.replace(" ", "-"))
+    (repo / PATH).write_text(edit(text))
+    return git("diff", cwd=repo)
+
+
+def test_the_trivial_policies_score_nothing_on_the_fix_measures(task: Task, make_repo):
+    text = _base_text(task)
+    assert text.count(BUGGY) == 1
+    policies = _policies(task)
+    rows = []
+    for name, (answer, edit) in policies.items():
+        patch = _patch(make_repo, text, edit, name)
+        trace = [{"request": {}, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}]
+        outcome = RolloutOutcome(name, TASK, "ok" if patch else "no_patch", "", patch, 1, 0, 10, "", trace=trace)
+        rows.append(reward_row(task.as_row(), task, outcome))
+    assert rows[-1]["agent_patch"] == task.patch, "the oracle's edit is the fix, as git writes it"
+    scores = score({term: REWARDS[term] for term in TERMS}, rows)
+    got = {term: dict(zip(policies, values, strict=True)) for term, values in scores.items()}
+    print(f"\n{'term':<34}" + "".join(f"{name:>16}" for name in policies))
+    for term in TERMS:
+        print(f"{term:<34}" + "".join(f"{value:>16.3f}" for value in got[term].values()))
+
+    assert got["tests_pass"] == {name: float(name == "oracle") for name in policies}
+    assert got["changed_lines_similarity"] == {name: float(name == "oracle") for name in policies}
+    assert got["localised"] == {name: float(name == "oracle") for name in policies}
+    for term in ("anchored_change", "well_formed_change"):  # a comment or a blank line changes no code
+        assert got[term] == {name: float(name == "oracle") for name in policies}, term
+    assert got["keeps_pass_to_pass"] == {name: float(name != "no edit") for name in policies}
+    assert got["unbroken_changed_lines_similarity"] == got["changed_lines_similarity"]
+    assert got["patch_similarity"]["comment on bug"] > 0.3, "SWE-RL's form pays a comment the hunk's context"
