@@ -45,6 +45,25 @@ def add_rollout_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--context-window", type=int, default=8192)
     p.add_argument(
+        "--test-feedback-rounds",
+        type=int,
+        default=RolloutSettings.test_feedback_rounds,
+        help="after an edit Aider runs the task's tests (in the grader's sandbox) and sends the failures back for "
+        "another try, at most this many times (0: no test runs)",
+    )
+    p.add_argument(
+        "--test-feedback-max-chars",
+        type=int,
+        default=RolloutSettings.test_feedback_max_chars,
+        help="the test output sent back is cut to this",
+    )
+    p.add_argument(
+        "--test-feedback-timeout",
+        type=float,
+        default=RolloutSettings.test_feedback_timeout_s,
+        help="seconds per test run",
+    )
+    p.add_argument(
         "--seed",
         type=seed_value,
         default=None,
@@ -97,6 +116,9 @@ def rollout_settings(args: argparse.Namespace) -> RolloutSettings:
         context_window=args.context_window,
         recycle_workspaces=not args.fresh_workspaces,
         seed=args.seed,
+        test_feedback_rounds=args.test_feedback_rounds,
+        test_feedback_max_chars=args.test_feedback_max_chars,
+        test_feedback_timeout_s=args.test_feedback_timeout,
     )
 
 

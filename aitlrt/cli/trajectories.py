@@ -1,6 +1,7 @@
 """``aitlrt trajectories``: successful rollouts of the real agent with a teacher answering (the oracle, or any
 OpenAI-compatible server), as trl conversational prompt-completion rows for ``aitlrt sft``
-(``aitlrt.warmstart.trajectories``)."""
+(``aitlrt.warmstart.trajectories``). With the oracle and ``--test-feedback-rounds`` > 0, each task also gets
+multi-turn rollouts (decoy first, then the fix once the tests' output came back)."""
 
 from __future__ import annotations
 
@@ -53,9 +54,18 @@ def add_parser(verbs: argparse._SubParsersAction) -> None:
         help="keep rollouts whose weighted reward is at least this (default: 1.5 with the oracle, resolved with its "
         "own patch; 1.0 with a URL, resolved)",
     )
-    p.add_argument("--out", type=Path, required=True, help="JSON lines, one per policy call of each kept rollout")
     p.add_argument(
-        "--serve-dir", type=Path, default=Path("runs/trajectories/serve"), help="aitlrt-serve's journal and log"
+        "--out",
+        type=Path,
+        required=True,
+        help="JSON lines, one per policy call of each kept rollout (of a multi-turn oracle rollout, only the calls "
+        "that answer the tests' output: the decoy is not trained on)",
+    )
+    p.add_argument(
+        "--serve-dir",
+        type=Path,
+        default=Path("runs/trajectories/serve"),
+        help="aitlrt-serve's journal and log (of the multi-turn rollouts: in its folder multi-turn)",
     )
 
 
@@ -87,12 +97,13 @@ def run(args: argparse.Namespace) -> int:
         on_progress=progress_printer(),
     )
     print_outcomes(report.outcomes)
-    print(f"\n{'rollout':<40} {'weighted reward':>15}  kept")
-    for o, r, k in zip(report.outcomes, report.weighted, report.kept, strict=True):
-        print(f"{o.rollout_id[:40]:<40} {r:>15.3f}  {'yes' if k else 'no'}")
+    print(f"\n{'rollout':<40} {'turns':<20} {'weighted reward':>15}  kept")
+    for o, m, r, k in zip(report.outcomes, report.multi_turn, report.weighted, report.kept, strict=True):
+        turns = "multi (decoy first)" if m else "single"
+        print(f"{o.rollout_id[:40]:<40} {turns:<20} {r:>15.3f}  {'yes' if k else 'no'}")
     print("\nkept per task:")
-    for task_id, count in report.kept_per_task().items():
-        print(f"  {task_id}: {count}/{settings.n}")
+    for task_id, (kept, run) in report.kept_per_task().items():
+        print(f"  {task_id}: {kept}/{run}")
     print(
         f"[aitlrt] teacher {teacher.label}: {len(report.outcomes)} rollouts, {sum(report.kept)} kept "
         f"(weighted reward >= {min_reward:g}), {report.calls_written} calls written to {report.out} "

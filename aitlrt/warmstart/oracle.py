@@ -4,22 +4,34 @@ Aider sends. Pure functions; ``aitlrt.warmstart.oracle_server`` reads the files 
 Aider shows each file added to the chat in a user message as its path on one line, an opening fence, the file's
 content and a closing fence (``Coder.get_files_content``; the fence is the first of Aider's fences that no line
 of the files starts with). A request is matched to a task by the (path, content) of the task's files found in
-it, its problem statement otherwise, and answered with:
+it (as at the task's start, fixed, or *edited*: another content near the start, the nearest task's), its problem
+statement otherwise, and answered with:
 
-- the edit, when the task's files are in the chat as they are at its start: ``whole`` (each changed file in full,
-  ``WholeFileCoder``'s *file listing*) or ``diff`` (one SEARCH/REPLACE block per hunk, ``EditBlockCoder``);
+- the edit, when the task's files are in the chat as they are at its start or edited: ``whole`` (each changed file
+  in full, ``WholeFileCoder``'s *file listing*) or ``diff`` (one SEARCH/REPLACE block per hunk, ``EditBlockCoder``,
+  written against the file as the chat shows it);
 - a request to add the files (Aider adds the paths a reply names, then asks again) when some are missing;
 - ``DONE`` otherwise (the edit already applied, or no known task): Aider then ends.
+
+With ``decoy_first`` (multi-turn trajectories, Aider's test-feedback loop on), a request with the files at their
+start and no test output in the chat (no user message with a line starting ``FEEDBACK``) is answered with the
+*decoy* instead (``decoy``: a comment line above the first line the fix changes, an edit that applies and fixes
+nothing); Aider applies it, runs the tests and sends their output back, and that request gets the fix, written
+against the file that now holds the decoy.
 """
 
 from __future__ import annotations
 
 import difflib
+import io
 import re
+import tokenize
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 from typing import Any
+
+from aitlrt.tasks.feedback import HEADER as FEEDBACK
 
 FENCES: tuple[tuple[str, str], ...] = (
     ("```", "```"),
@@ -38,6 +50,8 @@ DONE = "Done."
 SEARCH, DIVIDER, REPLACE = "<<<<<<< SEARCH", "=======", ">>>>>>> REPLACE"
 _MARKER = re.compile(r"^(<{5,9} SEARCH>?|={5,9}|>{5,9} REPLACE)\s*$")  # Aider's HEAD, DIVIDER, UPDATED
 _LANGUAGES = {".py": "python", ".pyi": "python", ".js": "javascript", ".ts": "typescript", ".rs": "rust"}
+DECOY_COMMENT = "# FIXME: the reported bug may come from here"
+"""The decoy's line, indented like the line below it."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +100,48 @@ def listing_fence(lines: Sequence[str], path: str, content: str) -> tuple[str, s
     return None
 
 
+def listed(text: str, path: str, like: str) -> tuple[tuple[str, str], str] | None:
+    """The fence and the content, as shown, of the listing of ``path`` in a message's ``text``, or None: the lines
+    after the path and an opening fence up to the closing fence, alone on a line or closing a last line without a
+    newline; where both readings are possible (a line of the file ends with the fence), the one nearer ``like``."""
+    raw = text.replace("\r\n", "\n").split("\n")
+    for i in range(len(raw) - 1):
+        close = _CLOSE.get(raw[i + 1].strip())
+        if close is None or raw[i].strip() != path:
+            continue
+        readings = []  # (glued, content)
+        for j in range(i + 2, len(raw)):
+            if raw[j].rstrip() == close:
+                readings.append((False, "".join(f"{line}\n" for line in raw[i + 2 : j])))
+                break
+            if raw[j].rstrip().endswith(close):
+                body = "".join(f"{line}\n" for line in raw[i + 2 : j])
+                readings.append((True, body + raw[j][: raw[j].rindex(close)]))
+        if readings:
+            want = _lines(like)
+            _, content = min(readings, key=lambda r: (distance(want, _lines(r[1])), r[0]))
+            return (raw[i + 1].strip(), close), content
+    return None
+
+
+def distance(before: Sequence[str], shown: Sequence[str]) -> int:
+    """How many lines apart two files' ``_lines`` are: the longer of their parts between the lines they start and
+    end with alike (a line inserted: 1)."""
+    n = min(len(before), len(shown))
+    start = 0
+    while start < n and before[start] == shown[start]:
+        start += 1
+    end = 0
+    while end < n - start and before[-1 - end] == shown[-1 - end]:
+        end += 1
+    return max(len(before), len(shown)) - start - end
+
+
+def _near(before: Sequence[str], shown: Sequence[str]) -> bool:
+    """Whether ``shown`` can be ``before`` edited: at most half its lines (or 3) apart."""
+    return distance(before, shown) <= max(3, len(before) // 2)
+
+
 def _text(message: Mapping[str, Any]) -> str:
     content = message.get("content")
     if isinstance(content, list):  # OpenAI content parts
@@ -101,6 +157,10 @@ class Match:
     """Changed files shown as they are at the task's start."""
     done: tuple[str, ...]
     """Changed files shown with the fix applied."""
+    edited: tuple[tuple[str, str], ...] = ()
+    """Changed files shown in another state near their start: (path, content as shown)."""
+    distance: int = 0
+    """Lines by which the ``edited`` files are apart from their start, in all."""
 
 
 def _match_in(text: str, tasks: Iterable[OracleTask]) -> list[Match]:
@@ -108,7 +168,7 @@ def _match_in(text: str, tasks: Iterable[OracleTask]) -> list[Match]:
     found = []
     for task in tasks:
         fence: tuple[str, str] | None = None
-        at_start, done = [], []
+        at_start, done, edited, apart = [], [], [], 0
         for f in task.files:
             if f.before and (seen := listing_fence(lines, f.path, f.before)):
                 at_start.append(f.path)
@@ -116,21 +176,34 @@ def _match_in(text: str, tasks: Iterable[OracleTask]) -> list[Match]:
             elif f.after and (seen := listing_fence(lines, f.path, f.after)):
                 done.append(f.path)
                 fence = fence or seen
+            elif f.before and (shown := listed(text, f.path, f.before)) and _near(_lines(f.before), _lines(shown[1])):
+                edited.append((f.path, shown[1]))
+                apart += distance(_lines(f.before), _lines(shown[1]))
+                fence = fence or shown[0]
         if fence is not None:
-            found.append(Match(task, fence, tuple(at_start), tuple(done)))
+            found.append(Match(task, fence, tuple(at_start), tuple(done), tuple(edited), apart))
     return found
 
 
 def identify(tasks: Sequence[OracleTask], messages: Sequence[Mapping[str, Any]]) -> Match | None:
     """The task a conversation is about: the one whose changed files the last user message showing any task's
-    files shows most of at their start (ties: the one whose problem statement the user wrote, then the first),
-    else the first task whose problem statement a user message holds (no file shown, ``fence`` ```)."""
+    files shows most of at their start, then most of in another known state (fixed, or edited: the nearest first;
+    ties: the one whose problem statement the user wrote, then the first), else the first task whose problem
+    statement a user message holds (no file shown, ``fence`` ```)."""
     user = [_text(m) for m in messages if m.get("role") == "user"]
     everything = "\n".join(user)
     for text in reversed(user):
         if found := _match_in(text, tasks):
             # max() keeps the first of equals
-            return max(found, key=lambda m: (len(m.at_start), m.task.problem_statement.strip() in everything))
+            return max(
+                found,
+                key=lambda m: (
+                    len(m.at_start),
+                    len(m.done) + len(m.edited),
+                    -m.distance,
+                    m.task.problem_statement.strip() in everything,
+                ),
+            )
     for task in tasks:
         if task.problem_statement.strip() and task.problem_statement.strip() in everything:
             return Match(task, FENCES[0], (), ())
@@ -142,18 +215,85 @@ def _needed(task: OracleTask) -> list[str]:
     return [f.path for f in task.files if f.before]
 
 
-def answer(tasks: Sequence[OracleTask], messages: Sequence[Mapping[str, Any]], edit_format: str) -> str:
+def feedback_turn(messages: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a user message holds the output of the task's tests that Aider sent back (a line starting
+    ``FEEDBACK``)."""
+    return any(
+        line.lstrip().startswith(FEEDBACK)
+        for m in messages
+        if m.get("role") == "user"
+        for line in _text(m).splitlines()
+    )
+
+
+def answer(
+    tasks: Sequence[OracleTask], messages: Sequence[Mapping[str, Any]], edit_format: str, *, decoy_first: bool = False
+) -> str:
     """The oracle's reply to one request of Aider (see the module docstring)."""
     match = identify(tasks, messages)
     if match is None:
         return DONE
-    missing = [path for path in _needed(match.task) if path not in match.at_start + match.done]
+    edited = dict(match.edited)
+    missing = [path for path in _needed(match.task) if path not in (*match.at_start, *match.done, *edited)]
     if missing:
         return f"Please add {', '.join(missing)} to the chat."
-    todo = [f for f in match.task.files if f.path in match.at_start or not f.before]
-    if not todo or (match.done and not match.at_start):
+    if decoy_first and not match.done and not edited and not feedback_turn(messages) and (first := decoy(match.task)):
+        return render(first, edit_format, match.fence)
+    todo = [
+        replace(f, before=edited[f.path]) if f.path in edited else f
+        for f in match.task.files
+        if f.path in match.at_start or f.path in edited or not f.before
+    ]
+    if not todo or (match.done and not match.at_start and not edited):
         return DONE
     return render(todo, edit_format, match.fence)
+
+
+def decoy(task: OracleTask) -> tuple[OracleFile, ...]:
+    """The oracle's first answer when it answers decoy first: the first Python file the fix changes with
+    ``DECOY_COMMENT`` inserted above the first line the fix changes (or the nearest line below it where a comment
+    line changes nothing: not in a string, not after a backslash), so the edit applies, the tests fail as before
+    and the fix, written against the decoyed file, is still the oracle's. Empty when there is no such line."""
+    for f in task.files:
+        if f.before and PurePosixPath(f.path).suffix in (".py", ".pyi"):
+            decoyed = _commented(f.before, f.after, f.path)
+            if decoyed is not None:
+                return (OracleFile(f.path, f.before, decoyed),)
+    return ()
+
+
+def _commented(before: str, after: str, path: str) -> str | None:
+    """``before`` with ``DECOY_COMMENT`` on its own line where ``decoy`` puts it, or None."""
+    lines = io.StringIO(before).readlines()  # the lines tokenize numbers
+    safe = _comment_rows(before)
+    changes = difflib.SequenceMatcher(None, lines, io.StringIO(after).readlines(), autojunk=False).get_opcodes()
+    for tag, a1, a2, _, _ in changes:
+        if tag == "equal":
+            continue
+        for row in range(a1, max(a2, a1 + 1)):
+            if row not in safe or (row == len(lines) and not lines[-1].endswith("\n")):
+                continue
+            below = next((line for line in lines[row:] if line.strip()), "")
+            comment = below[: len(below) - len(below.lstrip())] + DECOY_COMMENT + "\n"
+            decoyed = "".join([*lines[:row], comment, *lines[row:]])
+            try:  # both the decoy and the fix from it must be writable
+                search_replace(before, decoyed, path)
+                search_replace(decoyed, after, path)
+            except ValueError:
+                continue
+            return decoyed
+    return None
+
+
+def _comment_rows(source: str) -> set[int]:
+    """The indices of the lines of Python ``source`` above which a comment line can go without changing the code:
+    the first line and each line after a line that ends outside a string and without a backslash (every line
+    tokenize ends with a NEWLINE or NL token). Empty when ``source`` does not tokenize."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return set()
+    return {0} | {tok.end[0] for tok in tokens if tok.type in (tokenize.NEWLINE, tokenize.NL)}
 
 
 def render(files: Sequence[OracleFile], edit_format: str, fence: tuple[str, str] = FENCES[0]) -> str:

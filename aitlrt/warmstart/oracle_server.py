@@ -102,7 +102,8 @@ def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
 
 class OracleResponder:
     """Answers chat requests for ``tasks`` (``Task``s, or their ``oracle_task`` already read) in ``edit_format``,
-    with token ids from ``tokenizer`` (the policy's: a path, Hub id or ``bundled``, the default)."""
+    with token ids from ``tokenizer`` (the policy's: a path, Hub id or ``bundled``, the default); with
+    ``decoy_first``, a decoy edit until the chat holds the tests' output (``aitlrt.warmstart.oracle.answer``)."""
 
     def __init__(
         self,
@@ -110,6 +111,8 @@ class OracleResponder:
         edit_format: str,
         tokenizer: str | None = None,
         model_name: str = ORACLE_MODEL,
+        *,
+        decoy_first: bool = False,
     ) -> None:
         from transformers import AutoTokenizer
 
@@ -117,6 +120,7 @@ class OracleResponder:
             raise ValueError(f"the oracle writes the edit formats {EDIT_FORMATS}, not {edit_format!r}")
         self.edit_format = edit_format
         self.model_name = model_name
+        self.decoy_first = decoy_first
         self.tasks = [oracle for oracle in map(self._load, tasks) if oracle is not None]
         self.tokenizer = AutoTokenizer.from_pretrained(resolve_model(tokenizer or "bundled"))
         self._lock = threading.Lock()  # a fast tokenizer is not to be shared by threads at once
@@ -144,7 +148,7 @@ class OracleResponder:
         """The chat completion for a valid request ``body``."""
         messages = body["messages"]
         started = time.monotonic()
-        text = answer(self.tasks, messages, self.edit_format)
+        text = answer(self.tasks, messages, self.edit_format, decoy_first=self.decoy_first)
         prompt_ids, completion_ids = self.tokens(messages, text)
         choice: dict[str, Any] = {
             "index": 0,
@@ -230,9 +234,16 @@ def oracle_server(
     tokenizer: str | None = None,
     model_name: str = ORACLE_MODEL,
     host: str = "127.0.0.1",
+    decoy_first: bool = False,
 ) -> Iterator[str]:
-    """The oracle teacher for ``tasks`` served from a thread of this process; yields its URL."""
-    responder = OracleResponder(tasks, edit_format, tokenizer, model_name)
+    """The oracle teacher for ``tasks`` served from a thread of this process (``OracleResponder``); yields its URL."""
+    responder = OracleResponder(tasks, edit_format, tokenizer, model_name, decoy_first=decoy_first)
     with serve_in_thread(create_app(responder), host) as url:
-        log.info("oracle teacher for %d tasks (%s format) at %s", len(responder.tasks), edit_format, url)
+        log.info(
+            "oracle teacher for %d tasks (%s format%s) at %s",
+            len(responder.tasks),
+            edit_format,
+            ", decoy first" if decoy_first else "",
+            url,
+        )
         yield url

@@ -1,7 +1,9 @@
 """The warm start of a training run (``aitlrt/train.py --warm_start``): trajectories of the real agent on the training
 tasks answered by the oracle teacher (``aitlrt.warmstart.trajectories``), then supervised fine-tuning on them
-(``aitlrt.warmstart.sft``). The result is cached under ``$AITLRT_HOME/warmstart/<key>`` (trajectories, SFT metrics,
-the model), keyed by everything that shapes it: the model, the tasks and their oracle patches, the agent's settings
+(``aitlrt.warmstart.sft``). With Aider's test feedback on (``RolloutSettings.test_feedback_rounds``), the oracle's
+trajectories are single-turn and multi-turn (decoy first, then the fix once the tests' output came back). The result
+is cached under ``$AITLRT_HOME/warmstart/<key>`` (trajectories, SFT metrics, the model), keyed by everything that
+shapes it: the model, the tasks and their oracle patches, the agent's settings (the test feedback's only when on)
 and the SFT flags; a second run with the same inputs reuses it."""
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ RECIPE_VERSION = 1
 def cache_key(source: str, tasks: Sequence[Task], model: str, settings: RolloutSettings, flags: Sequence[str]) -> str:
     """What the warm start depends on, hashed."""
     data = Path(source).read_bytes() if source != ORACLE else b""
+    feedback = settings.test_feedback_rounds > 0
     inputs = {
         "version": RECIPE_VERSION,
         "source": source,
@@ -45,10 +48,14 @@ def cache_key(source: str, tasks: Sequence[Task], model: str, settings: RolloutS
         "settings": {
             k: v
             for k, v in asdict(settings).items()
-            if k not in ("concurrency", "timeout_s") and not (k == "seed" and v is None)  # unseeded: keys as before
+            if k not in ("concurrency", "timeout_s")
+            and not (k == "seed" and v is None)  # unseeded: keys as before
+            and (feedback or not k.startswith("test_feedback_"))  # no test feedback: keys as before
         },
         "flags": list(flags),
     }
+    if source == ORACLE and feedback:
+        inputs["multi_turn"] = True  # the oracle's trajectories include multi-turn ones (decoy first)
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -103,7 +110,10 @@ def warm_start(
             serve_dir=folder / "serve",
         )
         kept = sum(report.kept)
-        summary = f"{kept} of {len(report.kept)} oracle rollouts kept, {report.calls_written} calls"
+        multi = sum(k and m for k, m in zip(report.kept, report.multi_turn, strict=True))
+        summary = (
+            f"{kept} of {len(report.kept)} oracle rollouts kept ({multi} multi-turn), {report.calls_written} calls"
+        )
         log.info("warm start: %s in %.0f s", summary, report.seconds)
         if not report.calls_written:
             raise RuntimeError(f"warm start: no oracle trajectory reproduced its task's fix (see {folder / 'serve'})")

@@ -5,6 +5,13 @@ unmodified agent through ``aitlrt-serve``, so every prompt is recorded exactly a
 rollout is scored with the built-in rewards; the ones whose weighted reward reaches ``min_reward`` are kept
 (rejection sampling), and each of their policy calls becomes one line of trl's conversational prompt-completion
 format.
+
+With the oracle and Aider's test feedback on (``RolloutSettings.test_feedback_rounds`` > 0), every task that has a
+decoy (``aitlrt.warmstart.oracle.decoy``: an edit that applies and fixes nothing; Python files) also gets multi-turn
+trajectories: the oracle answers the decoy first, Aider runs the tests and sends their output back, and the oracle
+answers that with the fix. Of such a trajectory only the calls that answer the tests' output become lines: the
+decoy is a wrong answer, never trained on (it stays in the later prompts, as the agent sent them, where nothing is
+trained on).
 """
 
 from __future__ import annotations
@@ -23,10 +30,11 @@ from typing import Any
 from aitlrt.common.procs import free_port
 from aitlrt.rewards.builtin import REWARDS
 from aitlrt.rewards.inputs import RewardFunc, reward_row, score
-from aitlrt.rollout.batch import PreparedTask, RolloutSettings, prepare_tasks, run_batch
+from aitlrt.rollout.batch import Batch, PreparedTask, RolloutSettings, prepare_tasks, run_batch
 from aitlrt.rollout.runner import Progress, RolloutOutcome
 from aitlrt.serving.process import ServeProcess
 from aitlrt.tasks.task import Task
+from aitlrt.warmstart.oracle import OracleTask, decoy, feedback_turn
 from aitlrt.warmstart.oracle_server import fix_patch, oracle_server, oracle_tasks
 
 log = logging.getLogger(__name__)
@@ -88,15 +96,17 @@ class CollectReport:
     """Each reward's value per rollout."""
     weighted: list[float]
     kept: list[bool]
+    multi_turn: list[bool]
+    """Whether each rollout is a multi-turn oracle trajectory (decoy first)."""
     calls_written: int
     out: Path
     seconds: float
 
-    def kept_per_task(self) -> dict[str, int]:
-        """Kept rollouts per task id, every task listed."""
-        counts = Counter({t.instance_id: 0 for t in self.tasks})
-        counts.update(t.instance_id for t, k in zip(self.tasks, self.kept, strict=True) if k)
-        return dict(counts)
+    def kept_per_task(self) -> dict[str, tuple[int, int]]:
+        """(kept, run) rollouts per task id, every task listed."""
+        run = Counter(t.instance_id for t in self.tasks)
+        kept = Counter(t.instance_id for t, k in zip(self.tasks, self.kept, strict=True) if k)
+        return {task_id: (kept[task_id], n) for task_id, n in run.items()}
 
 
 def policy_calls(outcome: RolloutOutcome) -> Iterator[dict[str, Any]]:
@@ -105,9 +115,13 @@ def policy_calls(outcome: RolloutOutcome) -> Iterator[dict[str, Any]]:
     yield from sorted(calls, key=lambda c: c["call_index"])
 
 
-def sft_rows(outcome: RolloutOutcome, task: Task, reward: float, teacher: str, edit_format: str) -> list[dict]:
+def sft_rows(
+    outcome: RolloutOutcome, task: Task, reward: float, teacher: str, edit_format: str, *, multi_turn: bool = False
+) -> list[dict]:
     """One trl conversational prompt-completion row per policy call: the messages as the agent sent them, the
-    teacher's answer."""
+    teacher's answer. Of a ``multi_turn`` trajectory (decoy first), only the calls whose prompt holds the tests'
+    output (``oracle.feedback_turn``): the decoy is never trained on."""
+    calls = [c for c in policy_calls(outcome) if not multi_turn or feedback_turn(c["request"]["messages"])]
     return [
         {
             "prompt": call["request"]["messages"],
@@ -119,7 +133,7 @@ def sft_rows(outcome: RolloutOutcome, task: Task, reward: float, teacher: str, e
             "teacher": teacher,
             "edit_format": edit_format,
         }
-        for call in policy_calls(outcome)
+        for call in calls
     ]
 
 
@@ -130,6 +144,33 @@ def _proxy_args(teacher: Teacher, upstream: str, serve_dir: Path) -> list[str]:
         if teacher.api_key_env:
             args += ["--upstream-api-key-env", teacher.api_key_env]
     return args
+
+
+def _teacher_batch(
+    prepared: Sequence[PreparedTask],
+    teacher: Teacher,
+    oracles: Mapping[str, OracleTask],
+    settings: RolloutSettings,
+    serve_dir: Path,
+    on_progress: Callable[[Progress], None] | None,
+    *,
+    decoy_first: bool = False,
+) -> Batch:
+    """``run_batch`` with ``teacher`` (the oracle of ``oracles``, decoy first or not) behind a fresh proxy."""
+    with ExitStack() as stack:
+        if teacher.url is None:
+            oracle = oracle_server(
+                list(oracles.values()), settings.edit_format, tokenizer=teacher.tokenizer, decoy_first=decoy_first
+            )
+            upstream = stack.enter_context(oracle)
+        else:
+            upstream = teacher.url
+        proxy = ServeProcess(_proxy_args(teacher, upstream, serve_dir), free_port(), serve_dir / "serve.log")
+        proxy.start()
+        stack.callback(proxy.stop)
+        proxy.wait_ready(timeout_s=60, upstream=teacher.url is None)  # a hosted API may have no /health
+        log.info("teacher %s behind aitlrt-serve at %s (log %s)", teacher.label, proxy.url, proxy.log_path)
+        return run_batch(prepared, proxy.url, settings, model=teacher.model, on_progress=on_progress)
 
 
 def collect(
@@ -148,24 +189,26 @@ def collect(
     and log in ``serve_dir``), scored with ``rewards``; the calls of those whose weighted reward reaches
     ``min_reward`` are written to ``out`` (JSON lines, ``sft_rows``). ``patch_similarity`` compares each rollout's
     patch with the task's fix as git writes it (``oracle_server.fix_patch``), so a rollout that leaves exactly the
-    fixed files scores 1.0 even where the task's patch text aligns the change differently."""
+    fixed files scores 1.0 even where the task's patch text aligns the change differently. With the oracle and
+    ``settings.test_feedback_rounds`` > 0, then as many multi-turn rollouts of every task that has a decoy (decoy
+    first; their proxy's journal in ``serve_dir/multi-turn``), listed after the others."""
     if len(weights) != len(rewards):
         raise ValueError(f"{len(weights)} weights for {len(rewards)} rewards")
     started = time.monotonic()
     prepared: list[PreparedTask] = prepare_tasks(tasks)
     oracles = oracle_tasks(p.task for p in prepared)
-    with ExitStack() as stack:
-        if teacher.url is None:
-            oracle = oracle_server(list(oracles.values()), settings.edit_format, tokenizer=teacher.tokenizer)
-            upstream = stack.enter_context(oracle)
-        else:
-            upstream = teacher.url
-        proxy = ServeProcess(_proxy_args(teacher, upstream, serve_dir), free_port(), serve_dir / "serve.log")
-        proxy.start()
-        stack.callback(proxy.stop)
-        proxy.wait_ready(timeout_s=60, upstream=teacher.url is None)  # a hosted API may have no /health
-        log.info("teacher %s behind aitlrt-serve at %s (log %s)", teacher.label, proxy.url, proxy.log_path)
-        batch = run_batch(prepared, proxy.url, settings, model=teacher.model, on_progress=on_progress)
+    batch = _teacher_batch(prepared, teacher, oracles, settings, serve_dir, on_progress)
+    multi_turn = [False] * len(batch.outcomes)
+    feedback_on = teacher.url is None and settings.test_feedback_rounds > 0
+    decoyed = [
+        p for p in prepared if feedback_on and p.task.instance_id in oracles and decoy(oracles[p.task.instance_id])
+    ]
+    if decoyed:
+        more = _teacher_batch(
+            decoyed, teacher, oracles, settings, serve_dir / "multi-turn", on_progress, decoy_first=True
+        )
+        batch = Batch(batch.tasks + more.tasks, batch.outcomes + more.outcomes, batch.seeds + more.seeds)
+        multi_turn += [True] * len(more.outcomes)
     # similarity to the oracle fix as git writes it (what the agent's patch is when its files are the fixed ones),
     # not to the task's patch text, which may align the same change differently (see ``fix_patch``)
     fixes = {instance_id: fix_patch(oracle) for instance_id, oracle in oracles.items()}
@@ -182,10 +225,29 @@ def collect(
     out.parent.mkdir(parents=True, exist_ok=True)
     written = 0
     with open(out, "w") as fh:
-        for task, outcome, reward, keep in zip(batch.tasks, batch.outcomes, weighted, kept, strict=True):
+        for task, outcome, reward, keep, multi in zip(
+            batch.tasks, batch.outcomes, weighted, kept, multi_turn, strict=True
+        ):
             if keep:
-                for row in sft_rows(outcome, task, reward, teacher.label, settings.edit_format):
+                for row in sft_rows(outcome, task, reward, teacher.label, settings.edit_format, multi_turn=multi):
                     fh.write(json.dumps(row) + "\n")
                     written += 1
-    log.info("%d of %d rollouts kept, %d calls written to %s", sum(kept), len(kept), written, out)
-    return CollectReport(batch.tasks, batch.outcomes, scores, weighted, kept, written, out, time.monotonic() - started)
+    log.info(
+        "%d of %d rollouts kept (%d multi-turn), %d calls written to %s",
+        sum(kept),
+        len(kept),
+        sum(k and m for k, m in zip(kept, multi_turn, strict=True)),
+        written,
+        out,
+    )
+    return CollectReport(
+        tasks=batch.tasks,
+        outcomes=batch.outcomes,
+        rewards=scores,
+        weighted=weighted,
+        kept=kept,
+        multi_turn=multi_turn,
+        calls_written=written,
+        out=out,
+        seconds=time.monotonic() - started,
+    )

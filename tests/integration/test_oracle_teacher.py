@@ -92,7 +92,8 @@ def test_aider_with_the_oracle_reproduces_the_oracle_patch_and_passes_the_tests(
         # files given up front: the edit at once; none (webargs): "Please add <file>", Aider adds it, the edit
         # (and Aider's weak-model summary of a long chat, tagged, not a policy call)
         assert len(list(policy_calls(outcome))) == (1 if task.files else 2), why
-    assert report.kept == [True] * 10 and report.kept_per_task() == {t.instance_id: 1 for t in report.tasks}
+    assert report.kept == [True] * 10 and report.kept_per_task() == {t.instance_id: (1, 1) for t in report.tasks}
+    assert report.multi_turn == [False] * 10  # no test feedback: no multi-turn rollout
 
     rows = [json.loads(line) for line in report.out.read_text().splitlines()]
     assert len(rows) == report.calls_written == 6 * 1 + 4 * 2

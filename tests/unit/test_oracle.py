@@ -1,8 +1,10 @@
 """The oracle teacher's answers: Aider's ``whole`` and ``diff`` formats written from a known file and fix, read back
-by Aider's own parsers (from its venv), the task found in a conversation, and the server's vLLM-shaped replies."""
+by Aider's own parsers (from its venv), the task found in a conversation, the decoy-first answers of multi-turn
+trajectories, and the server's vLLM-shaped replies."""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 
@@ -11,15 +13,21 @@ from fastapi.testclient import TestClient
 
 from aitlrt.common.model import prepare_bundled_model
 from aitlrt.rollout.agents.aider import aider_venv
+from aitlrt.tasks.feedback import HEADER
 from aitlrt.tasks.task import task_from_row
 from aitlrt.warmstart.oracle import (
+    DECOY_COMMENT,
     DONE,
+    EDIT_FORMATS,
     FENCES,
     OracleFile,
     OracleTask,
     answer,
+    decoy,
     edit_block,
+    feedback_turn,
     identify,
+    listed,
     render,
     search_replace,
 )
@@ -299,3 +307,130 @@ def test_fix_patch_is_the_diff_git_writes_of_the_fix_not_the_tasks_patch_text(tm
     assert aider_applies(render(oracle.files, "diff"), "diff", {"m.py": broken}) == {"m.py": fixed}
     # the responder also takes tasks already read
     assert OracleResponder([oracle], "diff", str(prepare_bundled_model())).tasks == [oracle]
+
+
+def _feedback_turn(files: dict[str, str], decoy_answer: str, fence=FENCES[0]) -> list[dict[str, str]]:
+    """The second request of a decoy-first rollout as Aider sends it: the request and the decoy (done messages), the
+    files as they now are, and the tests' output (added to the chat, then sent back as the next request)."""
+    output = (
+        "I ran this command:\n\npython -I -m aitlrt.tasks.feedback spec.json\n\nAnd got this output:\n\n"
+        f"{HEADER} 1 of 3 tests fail; sandbox: bwrap\n________ test_area ________\nassert 5 == 6\n"
+    )
+    return [
+        {"role": "system", "content": "Act as an expert software developer."},
+        {"role": "user", "content": GEO.problem_statement},
+        {"role": "assistant", "content": decoy_answer},
+        _files_message(files, fence),
+        {"role": "assistant", "content": "Ok."},
+        {"role": "user", "content": output},
+        {"role": "assistant", "content": "Ok."},
+        {"role": "user", "content": output},
+    ]
+
+
+@pytest.mark.parametrize("edit_format", EDIT_FORMATS)
+def test_decoy_first_then_the_fix_written_against_the_decoyed_file(edit_format):
+    (first,) = decoy(GEO)
+    assert first.path == "pkg/geo.py" and first.before == BEFORE
+    # a comment line above the first line the fix changes, indented like it: the code is the same, the bug stays
+    assert first.after == BEFORE.replace("    return w + h\n", f"    {DECOY_COMMENT}\n    return w + h\n", 1)
+    assert ast.dump(ast.parse(first.after)) == ast.dump(ast.parse(BEFORE))
+
+    tasks = [OTHER, GEO]
+    start = _conversation({"pkg/geo.py": BEFORE}, GEO.problem_statement)
+    assert not feedback_turn(start)
+    assert answer(tasks, start, edit_format) == render(GEO.files, edit_format)  # default: the fix at once
+    text = answer(tasks, start, edit_format, decoy_first=True)
+    assert text == render([first], edit_format)
+    decoyed = aider_applies(text, edit_format, {"pkg/geo.py": BEFORE})
+    assert decoyed == {"pkg/geo.py": first.after}
+
+    # the tests' output came back: the file (now holding the decoy) is still the task's, and gets the fix
+    fence = ("````", "````")
+    second = _feedback_turn(decoyed, text, fence)
+    assert feedback_turn(second)
+    match = identify(tasks, second)
+    assert match is not None and match.task is GEO and match.edited == (("pkg/geo.py", first.after),)
+    assert match.at_start == match.done == () and match.distance == 1 and match.fence == fence
+    fix = answer(tasks, second, edit_format, decoy_first=True)
+    assert fix == answer(tasks, second, edit_format)  # the same without decoy_first
+    assert aider_applies(fix, edit_format, decoyed, fence) == {"pkg/geo.py": AFTER}
+    if edit_format == "diff":  # the first block takes the decoy's line out as it fixes the line below it
+        assert search_replace(first.after, AFTER, "pkg/geo.py")[0] == (
+            f"    {DECOY_COMMENT}\n    return w + h\n",
+            "    return w * h\n",
+        )
+    # fixed: nothing more to do, Aider ends
+    assert answer(tasks, _feedback_turn({"pkg/geo.py": AFTER}, text), edit_format, decoy_first=True) == DONE
+
+
+def test_the_decoyed_file_is_told_from_other_tasks_on_the_same_file():
+    # another bug in the same file (as the generated tasks of one package have): both decoyed files are near both
+    # tasks' starts, each is nearest its own
+    other_before = BEFORE.replace("return 2 * (w + h)", "return 2 * w + h")
+    twin = OracleTask("geo-2", "perimeter() is wrong", (OracleFile("pkg/geo.py", other_before, BEFORE),))
+    tasks = [twin, GEO]
+    for task in tasks:
+        (first,) = decoy(task)
+        match = identify(tasks, _feedback_turn({"pkg/geo.py": first.after}, "..."))
+        assert match is not None and match.task is task and match.distance == 1
+        fix = answer(tasks, _feedback_turn({"pkg/geo.py": first.after}, "..."), "diff")
+        assert aider_applies(fix, "diff", {"pkg/geo.py": first.after}) == {"pkg/geo.py": task.files[0].after}
+    # a file far from every task's start is no task's (the problem statement still names one)
+    match = identify(tasks, _feedback_turn({"pkg/geo.py": "print('hi')\n" * 30}, "..."))
+    assert match is not None and match.task is GEO and not (match.at_start or match.done or match.edited)
+
+
+def test_the_decoy_goes_where_a_comment_line_changes_nothing():
+    # the first changed line is inside a docstring: the decoy goes above the next changed line outside it
+    before = 'def f():\n    """Doc.\n    x\n    """\n    return 1\n'
+    after = 'def f():\n    """Doc.\n    y\n    """\n    return 2\n'
+    (first,) = decoy(OracleTask("s", "s", (OracleFile("s.py", before, after),)))
+    assert first.after == before.replace("    return 1\n", f"    {DECOY_COMMENT}\n    return 1\n")
+    assert ast.dump(ast.parse(first.after)) == ast.dump(ast.parse(before))
+    # after a backslash, or outside Python (no known comment syntax), there is none: decoy_first answers the fix
+    for path, before, after in (("b.py", "x = 1 + \\\n    2\n", "x = 1 + \\\n    3\n"), ("m.js", "a = 1\n", "a = 2\n")):
+        task = OracleTask("t", "t", (OracleFile(path, before, after),))
+        assert decoy(task) == ()
+        message = {"role": "user", "content": f"{path}\n```\n{before}```\n"}
+        assert answer([task], [message], "diff", decoy_first=True) == render(task.files, "diff")
+    # a pure insertion at the end of the file: the decoy goes at the end
+    (first,) = decoy(OracleTask("e", "e", (OracleFile("e.py", "a = 1\n", "a = 1\nb = 2\n"),)))
+    assert first.after == f"a = 1\n{DECOY_COMMENT}\n"
+
+
+def test_a_listing_is_read_as_shown():
+    text = "pre\n\npkg/a.py\n```\nx = 1\n    ```\n\ny = 2\n```\n\npkg/b.py\n```\nz = 3```\n"
+    # a line of the file that ends with the fence, or a last line without a newline that the fence closes: the
+    # reading nearer what the file was
+    was = "x = 0\n    ```\n\ny = 2\n"
+    assert listed(text, "pkg/a.py", was) == (FENCES[0], "x = 1\n    ```\n\ny = 2\n")
+    assert listed(text.replace("\n", "\r\n"), "pkg/a.py", was) == (FENCES[0], "x = 1\n    ```\n\ny = 2\n")
+    assert listed(text, "pkg/b.py", "z = 2") == (FENCES[0], "z = 3")
+    glued = "pkg/a.py\n```\nx = 1```\n\npkg/b.py\n```\nz = 3\n```\n"
+    assert listed(glued, "pkg/a.py", "x = 0") == (FENCES[0], "x = 1")
+    assert listed(text, "pkg/c.py", "") is None
+
+
+def test_the_server_answers_decoy_first_when_asked(responder):
+    decoying = OracleResponder(responder.tasks, "whole", str(prepare_bundled_model()), decoy_first=True)
+    messages = _conversation({"pkg/geo.py": BEFORE}, GEO.problem_statement)
+    for server, text in ((responder, render(GEO.files, "whole")), (decoying, render(decoy(GEO), "whole"))):
+        reply = TestClient(create_app(server)).post("/v1/chat/completions", json={"messages": messages}).json()
+        assert reply["choices"][0]["message"]["content"] == text
+
+
+def test_the_warm_start_key_changes_with_test_feedback_only():
+    from dataclasses import replace
+
+    from aitlrt.rollout.batch import RolloutSettings
+    from aitlrt.warmstart.recipe import cache_key
+
+    plain = RolloutSettings()
+    key = cache_key("oracle", [], "/m", plain, ["--epochs", "1"])
+    assert key == "81cce311ec457891"  # what the keys were before test feedback: cached warm starts are reused
+    assert cache_key("oracle", [], "/m", replace(plain, test_feedback_max_chars=10), ["--epochs", "1"]) == key
+    # test feedback on: the oracle's trajectories include multi-turn ones, another warm start
+    on = replace(plain, test_feedback_rounds=1)
+    keys = {cache_key("oracle", [], "/m", s, ["--epochs", "1"]) for s in (on, replace(on, test_feedback_max_chars=10))}
+    assert len(keys) == 2 and key not in keys
