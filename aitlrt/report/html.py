@@ -443,7 +443,8 @@ def _checkpoint_summary(heldout: Sequence[dict[str, Any]]) -> list[tuple[str, di
 
 
 def _heldout(heldout: Sequence[dict[str, Any]]) -> str:
-    """The held-out tables: per checkpoint (with last - first), per task and checkpoint; then the rollouts."""
+    """The held-out tables: per checkpoint (with last - first, the trivial policies' rows left out of it), per task
+    and checkpoint; then the rollouts."""
     summary = _checkpoint_summary(heldout)
     columns = list(summary[0][1])
 
@@ -456,8 +457,9 @@ def _heldout(heldout: Sequence[dict[str, Any]]) -> str:
     rows = [
         f'<tr data-checkpoint="{escape(lab)}"><th class="l">{escape(lab)}</th>{cells(r)}</tr>' for lab, r in summary
     ]
-    if len(summary) >= 2:
-        a, b = summary[0][1], summary[-1][1]
+    policies = [row for label, row in summary if not label.startswith("trivial:")]  # the trivial policies: beside
+    if len(policies) >= 2:
+        a, b = policies[0], policies[-1]
         delta = {c: None if c == "rollouts" or (u := a[c]) is None or (v := b[c]) is None else v - u for c in columns}
         rows.append(f'<tr data-checkpoint="Δ"><th class="l">&Delta; last &minus; first</th>{cells(delta)}</tr>')
     per_checkpoint = (
