@@ -235,6 +235,28 @@ def cells(summary: dict[str, float]) -> str:
     return "".join(f"{values.get(key, math.nan):>9.3f}" for _, key in COLUMNS)
 
 
+def pass_by_kind(result: Any, k: int) -> dict[str, tuple[float, float, int]]:
+    """Per task kind (the generator's ``strategy``; ``other`` for rows without one): (pass@1, pass@k, tasks). GRPO
+    only reinforces what the policy samples: a kind whose pass@k is 0 gives it no signal."""
+    from aitlrt.evaluation.scoring import pass_at_k
+
+    solved: dict[str, list[float]] = {}
+    for task, value in zip(result.batch.tasks, result.rewards["tests_pass"], strict=True):
+        if not math.isnan(value):
+            solved.setdefault(task.instance_id, []).append(value)
+    kinds: dict[str, list[tuple[float, float]]] = {}
+    for task in {t.instance_id: t for t in result.batch.tasks}.values():
+        values = solved.get(task.instance_id, [])
+        n, c = len(values), int(sum(values))
+        if n:
+            kind = str(task.row.get("strategy") or "other")
+            kinds.setdefault(kind, []).append((pass_at_k(n, c, 1), pass_at_k(n, c, k)))
+    return {
+        kind: (statistics.fmean(p for p, _ in v), statistics.fmean(q for _, q in v), len(v))
+        for kind, v in sorted(kinds.items())
+    }
+
+
 def paired_gain(before: Any, after: Any, weights: dict[str, float]) -> dict[str, float]:
     """``after`` over ``before``, paired by seed (task and sample), standard errors clustered by task: the weighted
     reward's ``gain`` and ``gain_se``, the resolve rate's ``resolve_gain`` and ``resolve_gain_se``, and
@@ -430,6 +452,8 @@ def report(
     for label in LABELS:
         means = {key: statistics.fmean(results[s][label].summary.get(key, math.nan) for s in results)
                  for _, key in COLUMNS if key != "resolve_2se"}  # fmt: skip
+        ses = [results[s][label].summary.get("resolve_se", math.nan) for s in results]
+        means["resolve_se"] = math.sqrt(sum(se**2 for se in ses)) / len(ses)  # of the mean over seeds
         print(f"{'mean':<6}{label:<20}" + cells(means))
     for label in TRIVIAL_POLICIES:  # deterministic: one rollout per task, scored in the first seed
         print(f"{'-':<6}{label:<20}" + cells(results[first][label].summary))
@@ -443,6 +467,11 @@ def report(
         seen = "GRPO trained on other functions of it" if file in trained else "never trained on"
         cells_ = ", ".join(f"{by_file[s][file][0]:+.3f} / {by_file[s][file][1]:+.3f}" for s in by_file)
         print(f"  {file} ({by_file[first][file][3]} rollouts per seed; {seen}): resolve / reward gain {cells_}")
+    print(f"pass@1 / pass@{HELDOUT_ROLLOUTS} per task kind (seed {first}):")
+    kinds = {label: pass_by_kind(results[first][label], HELDOUT_ROLLOUTS) for label in LABELS}
+    for kind in kinds[LABELS[1]]:
+        cells_ = ", ".join(f"{label} {kinds[label][kind][0]:.2f} / {kinds[label][kind][1]:.2f}" for label in LABELS)
+        print(f"  {kind} ({kinds[LABELS[1]][kind][2]} tasks): {cells_}")
     resolve_gains = [p["resolve_gain"] for p in pairs.values()]
     noise = 2 * math.sqrt(sum(p["resolve_gain_se"] ** 2 for p in pairs.values())) / len(pairs)
     print(f"a mean resolve gain within +/-{noise:.3f} (two standard errors) is not told apart from none")
