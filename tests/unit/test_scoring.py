@@ -163,3 +163,30 @@ def test_summary_leads_with_the_resolve_rate_and_reads_the_measures():
     )
     no_edits = [RolloutOutcome("r", "a", "no_patch", "", "", 1, 0, 10, "")]
     assert math.isnan(summarise(Batch([], no_edits), {"keeps_pass_to_pass": [0.0]})["p2p_kept_edits"])
+
+
+def test_the_heldout_table_leads_with_the_resolve_rate_and_shows_the_trivial_policies_beside():
+    from aitlrt.evaluation.checkpoints import CheckpointResult
+    from aitlrt.evaluation.heldout import summary_table
+
+    tasks = [_task(f"t{i // 2}") for i in range(4)]  # 2 tasks x 2 rollouts, seeded: before and after pair up
+    outcomes = [RolloutOutcome(f"r{i}", t.instance_id, "ok", "", "diff", 1, 0, 10, "") for i, t in enumerate(tasks)]
+    weights = {"tests_pass": 1.0, "changed_lines_similarity": 0.5}
+
+    def result(label: str, solved: list[float], similar: list[float], n: int = 4) -> CheckpointResult:
+        batch = Batch(tasks[:n], outcomes[:n], list(range(n)) if n == 4 else [None] * n)
+        scores = {"tests_pass": solved, "changed_lines_similarity": similar}
+        return CheckpointResult(label, batch, scores, summarise(batch, scores, weights))
+
+    results = [
+        result("before", [0.0, 0.0, 0.0, 0.0], [0.2, 0.0, 0.0, 0.0]),
+        result("after", [1.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.4, 1.0]),
+        result("trivial:comment", [0.0, 0.0], [0.0, 0.0], n=2),
+    ]
+    table = summary_table(results, weights)
+    lines = {line[:16].strip(): line[16:].split() for line in table.splitlines()}
+    assert table.splitlines()[1].startswith("resolve rate"), "the resolve rate leads"
+    assert lines["resolve rate"] == ["0.000", "0.500", "0.000"]
+    assert lines["pass@k"] == ["0.000", "1.000", "0.000"]
+    assert lines["weighted reward"] == ["0.025", "0.800", "0.000"]
+    assert "resolve rate +0.500 (std error 0.000)" in table, "paired by task, clustered: each task gained 0.5"
