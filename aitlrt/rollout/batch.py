@@ -88,7 +88,7 @@ class RolloutSettings:
             raise ValueError(
                 f"max_calls (rollout_max_calls) {self.max_calls} leaves no call for every test feedback round: each "
                 f"round is one more model call, so test_feedback_rounds {self.test_feedback_rounds} needs at least "
-                f"{1 + self.test_feedback_rounds} (more for Aider's other retries and weak-model summaries)"
+                f"{1 + self.test_feedback_rounds} (more for Aider's retries after an edit that did not apply)"
             )
 
 
