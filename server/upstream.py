@@ -43,7 +43,7 @@ def cpu_thread_binding(env: dict[str, str]) -> dict[str, str]:
     """``VLLM_CPU_OMP_THREADS_BIND`` for vLLM CPU where the user set none and this process may use at most
     ``SMALL_MACHINE_CPUS`` CPUs: all of them. vLLM's ``auto`` keeps one CPU for its API server, half of a 2-CPU
     machine; computing on both made real rollouts (8 held-out tasks, Aider, grading) 1.48x faster with the same
-    tokens (DIARY 2026-11-26, morning). Elsewhere: vLLM's own choice (nothing set)."""
+    tokens (docs/benchmarks.md, vLLM CPU threads). Elsewhere: vLLM's own choice (nothing set)."""
     cpus = sorted(os.sched_getaffinity(0))
     if "VLLM_CPU_OMP_THREADS_BIND" in env or len(cpus) > SMALL_MACHINE_CPUS:
         return {}
