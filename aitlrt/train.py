@@ -1,8 +1,10 @@
 """Agent-in-the-loop GRPO: ``accelerate launch aitlrt/train.py --config configs/cpu_demo.yaml`` (or ``python``).
 
-Arguments follow trl's ``TrlParser`` convention: ``AgentScriptArguments`` (tasks, serving, rewards),
-``AgentGRPOConfig`` (trl's GRPOConfig plus the rollout knobs) and trl's ``ModelConfig``; a YAML ``--config`` sets
-any field and command-line flags override it. ``--model_name_or_path bundled`` is the bundled SmolLM2-135M.
+Arguments follow trl's ``TrlParser`` convention: ``AgentScriptArguments`` (tasks, held-out evaluation, warm start,
+rewards, serving), ``AgentGRPOConfig`` (trl's GRPOConfig plus the rollouts', the server link's, the step's and the
+curriculum's parameters; ``aitlrt.training.config``) and trl's ``ModelConfig``; a YAML ``--config`` sets any field
+and command-line flags override it (``docs/training.md`` tabulates them). ``--model_name_or_path bundled`` is the
+bundled SmolLM2-135M.
 
 With ``--serve managed`` (the default) the main process starts vLLM behind ``aitlrt-serve`` on the same model
 and the run's sampling parameters, and stops both at the end; otherwise ``--serve`` is the URL of a running
@@ -18,6 +20,7 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +52,7 @@ def main(argv: list[str] | None = None) -> AgentGRPOTrainer:
     # trl annotates the dataclass types as NewType("DataClassType", Any), which no class is
     parser = TrlParser((AgentScriptArguments, AgentGRPOConfig, ModelConfig))  # type: ignore[arg-type]
     script, config, model_args = parser.parse_args_and_config(argv)
-    trainer = run(script, config, model_args, get_peft_config(model_args))
+    trainer = run(script, config, model_args, get_peft_config(model_args), argv=sys.argv[1:] if argv is None else argv)
     # Every rank leaves the process group, as torch asks: a gloo rank that exits without it can abort in the
     # interpreter's teardown (SIGABRT, "terminate called without an active exception": pytorch#190489) and fail
     # the job after training succeeded. Only on success: after an error the other ranks may be in a collective.
@@ -87,9 +90,14 @@ def resume_checkpoint(value: str | bool | None, output_dir: str | Path) -> str |
 
 
 def run(
-    script: AgentScriptArguments, config: AgentGRPOConfig, model_args: ModelConfig, peft_config: Any = None
+    script: AgentScriptArguments,
+    config: AgentGRPOConfig,
+    model_args: ModelConfig,
+    peft_config: Any = None,
+    argv: Sequence[str] = (),
 ) -> AgentGRPOTrainer:
-    """Train ``model_args.model_name_or_path`` on the tasks of ``script`` with ``config``; return the trainer."""
+    """Train ``model_args.model_name_or_path`` on the tasks of ``script`` with ``config``; return the trainer.
+    ``argv``, the command line, goes into the saved model's card (``aitlrt.training.model_card``)."""
     import torch
     from accelerate import PartialState
     from datasets import Dataset
@@ -106,6 +114,7 @@ def run(
     from aitlrt.tasks.sandbox import require_isolation
     from aitlrt.training.config import heldout_weights
     from aitlrt.training.dataset import run_tasks
+    from aitlrt.training.model_card import recipe_file, write_model_card
     from aitlrt.training.trainer import AgentGRPOTrainer
 
     unknown = [name for name in script.rewards if name not in REWARDS]
@@ -135,6 +144,8 @@ def run(
         if "--request-timeout" not in extra_args:  # a hung vLLM fails its calls (504: unscorable, counted towards
             # max_unscorable_steps) well before the rollout's timeout, which is the policy's failure (0)
             extra_args += ["--request-timeout", str(max(30.0, config.rollout_timeout_s / 2))]
+        if config.tool_call_parser and "--tool-call-parser" not in extra_args:
+            extra_args += ["--enable-auto-tool-choice", "--tool-call-parser", config.tool_call_parser]
         if config.weight_sync == "nccl" and "--weight-transfer-config" not in extra_args:
             extra_args += ["--weight-transfer-config", '{"backend": "nccl"}']  # the engine trl's client streams into
         server = managed_server(
@@ -189,13 +200,24 @@ def run(
                 out_dir,
                 out_dir / "rollouts",
             )
+            table = None
             if heldout:
                 evaluations += heldout_evaluation("after", heldout, script, config)
                 evaluations += heldout_evaluation("trivial", heldout, script, config)
-                finish_heldout(
+                table = finish_heldout(
                     evaluations, out_dir, dict(zip(script.rewards, heldout_weights(script, config), strict=True))
                 )
             write_run_report(out_dir)  # logs its path
+            weights = config.reward_weights or [1.0] * len(script.rewards)
+            write_model_card(
+                out_dir,
+                model_args.model_name_or_path or "bundled",
+                recipe=recipe_file(argv),
+                command=argv,
+                reward_weights=dict(zip(script.rewards, weights, strict=True)),
+                warm_start=model_path if script.warm_start != "none" else None,
+                heldout=table,
+            )
         return trainer
 
 
@@ -219,15 +241,18 @@ def heldout_evaluation(
     return [evaluate_served(label, prepare_rows(rows), config.proxy_url, settings, funcs, weights)]
 
 
-def finish_heldout(evaluations: list[CheckpointResult], out_dir: Path, weights: dict[str, float]) -> None:
-    """Write the held-out rollouts beside the run (the report reads them) and print the before/after table."""
+def finish_heldout(evaluations: list[CheckpointResult], out_dir: Path, weights: dict[str, float]) -> str:
+    """Write the held-out rollouts beside the run (the report reads them), print the before/after table and
+    return it."""
     from aitlrt.common.logs import write_line
     from aitlrt.evaluation.checkpoints import write_results
     from aitlrt.evaluation.heldout import summary_table
 
     rollouts, _ = write_results(evaluations, out_dir / "heldout", weights=weights)
-    write_line(summary_table(evaluations, weights))
+    table = summary_table(evaluations, weights)
+    write_line(table)
     log.info("held-out rollouts: %s", rollouts)
+    return table
 
 
 def warm_start_model(

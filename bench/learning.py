@@ -27,7 +27,7 @@ run on the validation tasks with ``VALIDATION_ROLLOUTS`` rollouts per task. It p
 neither the warm start nor GRPO trains on: code of another kind, as the held-out ``keys.py`` is to the recipe's
 training files), and the gains are printed per package as well. ``--seeds 0,1`` runs each variant's GRPO with each
 of these seeds (default 0: one run per variant) and prints each variant's mean gain over its seeds: one seed's
-reading of 15 one-group updates can swing by ~0.15 (DIARY 2026-11-26).
+reading of 15 one-group updates can swing by ~0.15 (docs/decisions/0021-validation-split.md).
 A variant given ``--save_strategy steps --save_steps N`` is scored at each of its saved steps too (gain vs updates).
 """
 
@@ -52,7 +52,8 @@ SEEDS = tuple(int(s) for s in os.environ.get("AITLRT_BENCH_SEEDS", "0,1,2").spli
 """Seeds 0, 1, 2; ``AITLRT_BENCH_SEEDS=1`` (a comma-separated list) for a partial run."""
 HELDOUT_ROLLOUTS = 8
 """Rollouts per held-out task and checkpoint: pass@8 is read from them. 9 tasks x 4 read one checkpoint anywhere
-from 0.102 to 0.210 in reward (three evaluation seeds, DIARY 2026-11-27): at 4 one seed's gain carried +/-0.09."""
+from 0.102 to 0.210 in reward (three evaluation seeds: docs/notebook/2026-11-27.md#2026-11-27-afternoon): at 4 one
+seed's gain carried +/-0.09."""
 VALIDATION_ROLLOUTS = 4
 """Rollouts per validation task and checkpoint in ``--validate`` mode."""
 LABELS = ("base", "warm start", "warm start + GRPO")
@@ -122,10 +123,12 @@ def grpo(
         done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ})
     if done.returncode:
         raise SystemExit(f"[bench] the GRPO run of seed {seed} failed ({done.returncode}): see {out}.log")
-    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    steps = [s for s in steps if "sampling/skipped_update" in s]
-    skipped = sum(s["sampling/skipped_update"] > 0 for s in steps)
-    zero = sum(s["sampling/skipped_update"] == 0 and not s.get("grad_norm") for s in steps)
+    from aitlrt.report import metric_names as names
+    from aitlrt.report.metrics_file import read_metrics
+
+    steps = [s for s in read_metrics(out / "metrics.jsonl") if names.SKIPPED_UPDATE in s]
+    skipped = sum(s[names.SKIPPED_UPDATE] > 0 for s in steps)
+    zero = sum(s[names.SKIPPED_UPDATE] == 0 and not s.get(names.GRAD_NORM) for s in steps)
     return len(steps) - skipped, skipped, zero
 
 
@@ -325,8 +328,10 @@ def warm_and_rl(train: list[dict], share: float, out: Path, base: str, script: A
 def intermediate_checkpoints(run: Path) -> list[tuple[int, Path]]:
     """The ``checkpoint-N`` folders a run saved before its last step (a variant with ``--save_strategy steps
     --save_steps N``), by step: scored beside the final weights, they show how the gain grows with the updates."""
-    lines = (run / "metrics.jsonl").read_text().splitlines() if (run / "metrics.jsonl").exists() else []
-    last = sum("sampling/skipped_update" in line for line in lines)
+    from aitlrt.report import metric_names as names
+    from aitlrt.report.metrics_file import read_metrics
+
+    last = sum(names.SKIPPED_UPDATE in entry for entry in read_metrics(run / "metrics.jsonl"))
     saved = ((p.name.removeprefix("checkpoint-"), p) for p in run.glob("checkpoint-*"))
     return sorted((int(step), p) for step, p in saved if step.isdigit() and int(step) < last)
 
@@ -441,6 +446,7 @@ def report(
 ) -> None:
     """The held-out table (resolve rate first; the trivial policies beside), the paired gains and the targets."""
     from aitlrt.evaluation.checkpoints import TRIVIAL_POLICIES
+    from aitlrt.report import metric_names as names
 
     first = SEEDS[0]
     print("\n" + f"{'seed':<6}{'checkpoint':<20}" + "".join(f"{name:>9}" for name, _ in COLUMNS)
@@ -478,9 +484,11 @@ def report(
     print(f"checkpoints and task splits: {out}")
     mean_gain = statistics.fmean(resolve_gains)
     gain_ok = all(g > 0 for g in resolve_gains) and mean_gain >= 0.05
-    resolve = statistics.fmean(results[s][LABELS[2]].summary["resolve_rate"] for s in results)
-    trivial = max(results[first][label].summary["reward"] for label in TRIVIAL_POLICIES if label != "trivial:oracle")
-    trained_rewards = [results[s][LABELS[2]].summary["reward"] for s in results]
+    resolve = statistics.fmean(results[s][LABELS[2]].summary[names.SUMMARY_RESOLVE_RATE] for s in results)
+    trivial = max(
+        results[first][label].summary[names.SUMMARY_REWARD] for label in TRIVIAL_POLICIES if label != "trivial:oracle"
+    )
+    trained_rewards = [results[s][LABELS[2]].summary[names.SUMMARY_REWARD] for s in results]
     beats = all(r > trivial for r in trained_rewards)
     zero = sum(u[2] for u in updates.values())
     print(f"TARGET heldout_resolve_gain_rl {mean_gain:+.3f} >0_all_seeds_and_>=+0.05 {'PASS' if gain_ok else 'MISS'}")
@@ -491,4 +499,6 @@ def report(
 
 
 if __name__ == "__main__":
-    main()
+    from results import recorded  # bench/results.py: this run's row in bench/results.jsonl
+
+    recorded("learning", main)

@@ -110,4 +110,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from results import recorded  # bench/results.py: this run's row in bench/results.jsonl
+
+    recorded("rewards", main)

@@ -7,7 +7,7 @@ pipelined steps on the embedded defaults. ``python bench/step.py`` (no arguments
    bundled SmolLM2-135M in fp32 with bf16 autocast, no gradient checkpointing, ``max_tokens_per_forward`` 4096: one
    row per pass), against a bare PyTorch loop on the same rows: per row one forward (logits of the completion
    only), a policy-gradient loss, backward; one AdamW step. Timed side by side, alternating which goes first,
-   median of ``ROUNDS``; AITLRT's update is everything from the rows to the new weights (``_batch``,
+   median of ``ROUNDS``; AITLRT's update is everything from the rows to the new weights (``builder.build``,
    ``training_step``, the optimizer step). For contrast, the update with a separate importance-sampling forward
    before it (what a sequence-level ratio or an off-policy generation still needs).
 2. Steps: ``aitlrt/train.py`` on the main job's training tasks from its (cached) warm start, ``STEPS`` GRPO steps
@@ -75,7 +75,7 @@ def step_rows() -> list[Row]:
 def trainer_update(
     model, tokenizer, rows: list[Row], advantages: list[float], tmp: str, fused: bool, shared: bool = True
 ) -> Callable:
-    """One AITLRT update per call: ``_batch`` (rows to tensors, and without ``fused`` the importance-sampling
+    """One AITLRT update per call: ``builder.build`` (rows to tensors, and without ``fused`` the importance-sampling
     forward), the Trainer's ``training_step`` (bf16 autocast), the optimizer step; ``shared``: ``shared_prefix``."""
     args = AgentGRPOConfig(
         output_dir=tmp,
@@ -99,14 +99,14 @@ def trainer_update(
         processing_class=tokenizer,
         agent=object(),
     )
-    trainer._fuses_ratio = lambda: fused  # type: ignore[method-assign]
+    trainer.builder.fused_ratio = fused
     trainer.create_optimizer()
     trainer.current_gradient_accumulation_steps = 1  # set by the training loop, which this bench bypasses
     owners = list(range(len(rows)))
 
     def update() -> None:
-        batch, _ = trainer._batch(rows, owners, advantages, "train")
-        trainer._prepared = batch
+        batch, _ = trainer.builder.build(rows, owners, advantages)
+        trainer.ctx.prepared = batch
         trainer.training_step(model, {}, batch["num_items_in_batch"])
         trainer.optimizer.step()
         trainer.optimizer.zero_grad(set_to_none=True)
@@ -286,4 +286,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from results import recorded
+
+    sys.exit(recorded("step", main))

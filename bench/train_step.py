@@ -176,10 +176,10 @@ def compare(model, tok, rows: list[Row], tmp: str) -> dict[str, float]:
         processing_class=tok,
     )
     advantages = torch.randn(ROWS, generator=torch.Generator().manual_seed(0)).tolist()
-    agent._batch(rows, list(range(ROWS)), advantages, "train")  # warm-up (kernels, allocator)
+    agent.builder.build(rows, list(range(ROWS)), advantages)  # warm-up (kernels, allocator)
     sync()
     started = time.perf_counter()
-    agent_batch, _ = agent._batch(rows, list(range(ROWS)), advantages, "train")  # with the IS forward
+    agent_batch, _ = agent.builder.build(rows, list(range(ROWS)), advantages)  # with the IS forward
     sync()
     batch_s = time.perf_counter() - started
     plain_batch = {k: agent_batch[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")}
@@ -314,7 +314,7 @@ def memory_step(count: int, budget: int | None) -> dict[str, float]:
         sync()
         before = peak_bytes()
         started = time.perf_counter()
-        batch, _ = trainer._batch(rows, list(range(count)), advantages, "train")
+        batch, _ = trainer.builder.build(rows, list(range(count)), advantages)
         trainer.compute_loss(model, batch).backward()
         sync()
         seconds = time.perf_counter() - started
@@ -434,4 +434,6 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--memory"]:
         print(json.dumps(memory_step(int(sys.argv[2]), None if sys.argv[3] == "None" else int(sys.argv[3]))))
     else:
-        main()
+        from results import recorded
+
+        recorded("train_step", main)

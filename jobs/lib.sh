@@ -72,8 +72,9 @@ setup_project_dir() {
   export_var TRITON_CACHE_DIR "$dir/cache/triton"
   export_var XDG_CACHE_HOME "$dir/cache"            # vLLM, torch and flashinfer caches among others
   export_var WANDB_DIR "$dir/wandb"
-  # In a container the image's own Aider venv is used.
+  # In a container the image's own Aider and mini-swe-agent venvs are used.
   [ -n "${AITLRT_CONTAINER:-}" ] || export_var AITLRT_AIDER_VENV "$dir/aider-venv"
+  [ -n "${AITLRT_CONTAINER:-}" ] || export_var AITLRT_MINISWE_VENV "$dir/miniswe-venv"
   dry_run || mkdir -p "$AITLRT_HOME" "$HF_HOME" "$XDG_CACHE_HOME" "$WANDB_DIR"
 }
 

@@ -10,6 +10,8 @@
 #   AITLRT_PYTHON  interpreter for the venv, >= 3.11       (default: python3)
 #   AITLRT_AIDER_VENV  Aider's own venv (its pins clash with trl/vLLM)  (default: $AITLRT_HOME/aider-venv)
 #   AITLRT_AIDER   1 | 0: build Aider's venv                (default: 1)
+#   AITLRT_MINISWE_VENV  mini-swe-agent's own venv          (default: $AITLRT_HOME/miniswe-venv)
+#   AITLRT_MINISWE 1 | 0: build mini-swe-agent's venv       (default: 1)
 #   AITLRT_NO_BROWSER  1: no Chromium (installed as root with apt for the run report's browser test, which this skips)
 set -euo pipefail
 
@@ -69,6 +71,23 @@ if [ "${AITLRT_AIDER:-1}" = 1 ]; then
     "$AIDER_VENV/bin/python" -m pip install -q --disable-pip-version-check "$AIDER_PIN"
     echo "$AIDER_PIN" > "$AIDER_VENV/.aitlrt-setup"
     log "Aider ready in $((SECONDS - start))s"
+  fi
+fi
+
+MINISWE_VENV=${AITLRT_MINISWE_VENV:-$AITLRT_HOME/miniswe-venv}
+# Its installed litellm imports `mcp` without depending on it.
+MINISWE_PINS="mini-swe-agent==2.4.6 mcp"
+if [ "${AITLRT_MINISWE:-1}" = 1 ]; then
+  if [ -f "$MINISWE_VENV/.aitlrt-setup" ] && [ "$(cat "$MINISWE_VENV/.aitlrt-setup")" = "$MINISWE_PINS" ]; then
+    log "mini-swe-agent venv $MINISWE_VENV is up to date"
+  else
+    start=$SECONDS
+    log "creating mini-swe-agent's own venv $MINISWE_VENV ($MINISWE_PINS)"
+    [ -x "$MINISWE_VENV/bin/python" ] || "$PYTHON" -m venv "$MINISWE_VENV"
+    # shellcheck disable=SC2086  # the pins are words
+    "$MINISWE_VENV/bin/python" -m pip install -q --disable-pip-version-check $MINISWE_PINS
+    echo "$MINISWE_PINS" > "$MINISWE_VENV/.aitlrt-setup"
+    log "mini-swe-agent ready in $((SECONDS - start))s"
   fi
 fi
 

@@ -7,31 +7,37 @@ from __future__ import annotations
 import argparse
 import shlex
 import tempfile
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from aitlrt.cli.rollout import (
-    add_rollout_arguments,
     prepared_tasks,
     print_outcomes,
     print_rewards,
     progress_printer,
     reward_weights,
+    rollout_flags,
     rollout_settings,
 )
+from aitlrt.rollout.arguments import RolloutArguments
 
 REWARDS = "tests_pass,patch_similarity,non_empty_patch"
 
 
 def add_parser(verbs: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = verbs.add_parser("eval", help="evaluate one checkpoint, or compare two, on tasks (no training)")
-    add_rollout_arguments(p)
+    p = verbs.add_parser(
+        "eval",
+        parents=[rollout_flags()],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        help="evaluate one checkpoint, or compare two, on tasks (no training)",
+    )
     p.add_argument(
         "--config",
         default=None,
-        help="a training config (YAML, as aitlrt/train.py takes): its agent, call limit, context window, rollout "
-        "timeout and concurrency, sampling, serve args and rewards with their weights become the defaults here, so "
-        "a checkpoint is measured as its run measured it; flags given here override them",
+        help="a training config (YAML, as aitlrt/train.py takes): its rollout knobs, sampling, serve args and "
+        "rewards with their held-out weights become the defaults here, so a checkpoint is measured as its run "
+        "measured it; flags given here override them",
     )
     p.add_argument(
         "--checkpoint",
@@ -51,19 +57,39 @@ def add_parser(verbs: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="built-in rewards to score with, NAME[=WEIGHT],...; with any weight given (the others count 1) also the "
         "weighted reward, as a run's reward_funcs and reward_weights score it, and its paired gain",
     )
-    p.add_argument("--max-tokens", type=int, default=512, help="tokens per model call (managed server)")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (managed server)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling's top_p (managed server)")
-    p.add_argument("--top-k", type=int, default=-1, help="top_k sampling, -1 for none (managed server)")
-    p.add_argument("--serve-args", default="--enforce-eager", help="extra aitlrt-serve/vLLM flags (managed server)")
+    add_sampling_flags(p)
+    p.add_argument("--top-p", "--top_p", type=float, default=1.0, help="nucleus sampling's top_p (managed server)")
+    p.add_argument("--top-k", "--top_k", type=int, default=0, help="top_k sampling, 0 or -1: none (managed server)")
     p.add_argument("--out-dir", type=Path, default=Path("runs/eval"), help="rollouts and report.html go here")
     p.set_defaults(seed=0)  # seeded by default: with --compare the two checkpoints' rollouts pair up
     return p
 
 
+def add_sampling_flags(p: argparse.ArgumentParser) -> None:
+    """The managed server's sampling flags of ``eval`` and ``tasks probe``, under the training config's names (so
+    that ``--config`` fills them by name)."""
+    p.add_argument(
+        "--max-completion-length",
+        "--max_completion_length",
+        "--max-tokens",
+        type=int,
+        default=512,
+        help="tokens per model call (managed server)",
+    )
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (managed server)")
+    p.add_argument("--serve-args", "--serve_args", default="--enforce-eager", help="extra aitlrt-serve/vLLM flags")
+
+
+CONFIG_FLAGS = (
+    *(f.name for f in fields(RolloutArguments)),
+    *("max_completion_length", "temperature", "top_p", "top_k", "serve_args"),
+)
+"""The flags of ``eval`` that ``--config`` sets from the training config's field of the same name."""
+
+
 def config_defaults(path: str) -> dict[str, Any]:
-    """The settings of training config ``path`` that a run's held-out evaluation uses, by this command's argument
-    names (the run's reward weights as ``--rewards NAME=WEIGHT``)."""
+    """The settings of training config ``path`` that a run's held-out evaluation uses, by field name: its rollout
+    knobs, sampling and serve args, and its rewards with the held-out weights as ``--rewards NAME=WEIGHT``."""
     from trl import ModelConfig, TrlParser
 
     from aitlrt.training.config import AgentGRPOConfig, AgentScriptArguments, heldout_weights
@@ -74,23 +100,9 @@ def config_defaults(path: str) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise SystemExit(f"aitlrt eval: --config {path}: {exc}") from None
     weights = heldout_weights(script, config)
+    fields_ = {**vars(script), **vars(config)}
     return {
-        "agent": config.agent,
-        "edit_format": config.edit_format,
-        "aider_reminder": config.aider_reminder,
-        "concurrency": config.rollout_concurrency,
-        "timeout": config.rollout_timeout_s,
-        "max_calls": config.rollout_max_calls,
-        "context_window": config.context_window,
-        "test_feedback_rounds": config.test_feedback_rounds,
-        "test_feedback_max_chars": config.test_feedback_max_chars,
-        "test_feedback_timeout": config.test_feedback_timeout_s,
-        "fresh_workspaces": not config.recycle_workspaces,
-        "max_tokens": config.max_completion_length,
-        "temperature": config.temperature,
-        "top_p": config.top_p,
-        "top_k": config.top_k or -1,
-        "serve_args": script.serve_args,
+        **{name: fields_[name] for name in CONFIG_FLAGS},
         "rewards": ",".join(f"{name}={weight:g}" for name, weight in zip(script.rewards, weights, strict=True)),
     }
 
@@ -114,10 +126,10 @@ def run(args: argparse.Namespace) -> None:
         funcs,
         proxy=args.proxy,
         serve_dir=args.out_dir / "serve",
-        max_tokens=args.max_tokens,
+        max_tokens=args.max_completion_length,
         temperature=args.temperature,
         top_p=args.top_p,
-        top_k=args.top_k,
+        top_k=args.top_k or -1,
         serve_args=shlex.split(args.serve_args),
         on_progress=progress_printer(),
     )

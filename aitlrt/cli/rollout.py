@@ -12,57 +12,30 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import fields
 from pathlib import Path
 
-from aitlrt.rollout.agents.aider import REMINDERS
-from aitlrt.rollout.batch import PreparedTask, RolloutSettings, prepare_tasks, run_batch, write_outcomes
+from aitlrt.rollout.arguments import RolloutArguments, RolloutSettings
+from aitlrt.rollout.batch import PreparedTask, prepare_tasks, run_batch, write_outcomes
 from aitlrt.rollout.runner import Progress, RolloutOutcome
 from aitlrt.tasks.loader import load_tasks, parse_overrides
 
 
-def add_rollout_arguments(p: argparse.ArgumentParser) -> None:
-    """The arguments ``aitlrt rollout`` and ``aitlrt eval`` share."""
+def rollout_flags() -> argparse.ArgumentParser:
+    """A parent parser (``parents=[rollout_flags()]``) of the flags ``aitlrt rollout``, ``eval``, ``tasks probe``
+    and ``trajectories`` share: the tasks, rollouts per task and seed, and every knob of ``RolloutArguments`` as
+    ``aitlrt train`` reads it (transformers' ``HfArgumentParser``: ``--rollout_max_calls`` or
+    ``--rollout-max-calls``, its aliases such as ``--max-calls``, the same default and help). A new one per
+    command: a parent's actions are shared with its children, so one command's ``set_defaults`` would reach the
+    others."""
+    from transformers import HfArgumentParser
+
+    # transformers annotates the dataclass types as NewType("DataClassType", Any), which no class is
+    p = HfArgumentParser(RolloutArguments, add_help=False)  # type: ignore[arg-type]
     p.add_argument("--tasks", required=True, help="task file (JSON/JSONL/CSV/parquet) or Hub dataset name")
     p.add_argument("--source", action="append", default=[], help="ID_OR_REPO=SOURCE to override a task's repo")
     p.add_argument("--limit", type=int, default=None, help="use only the first N valid tasks")
     p.add_argument("--n", type=int, default=1, help="rollouts per task")
-    p.add_argument("--agent", default="aider-warm", help="aider-warm (warm workers), aider (CLI) or single-call")
-    p.add_argument("--edit-format", default="whole", help="Aider's edit format (whole, diff, ...)")
-    p.add_argument(
-        "--aider-reminder",
-        default="user",
-        choices=REMINDERS,
-        help="where Aider repeats the edit format's rules: in the last user message (default), a final system "
-        "message, or nowhere but the system prompt",
-    )
-    p.add_argument("--concurrency", type=int, default=None, help="agents at once (default: from cores and memory)")
-    p.add_argument("--timeout", type=float, default=600.0, help="wall-clock seconds per rollout")
-    p.add_argument("--max-calls", type=int, default=None, help="model calls per rollout (enforced by the proxy)")
-    p.add_argument(
-        "--fresh-workspaces",
-        action="store_true",
-        help="a fresh repository copy per rollout (default: recycle finished copies, reset and checked pristine)",
-    )
-    p.add_argument("--context-window", type=int, default=8192)
-    p.add_argument(
-        "--test-feedback-rounds",
-        type=int,
-        default=RolloutSettings.test_feedback_rounds,
-        help="after an edit Aider runs the task's tests (in the grader's sandbox) and sends the failures back for "
-        "another try, at most this many times (0: no test runs)",
-    )
-    p.add_argument(
-        "--test-feedback-max-chars",
-        type=int,
-        default=RolloutSettings.test_feedback_max_chars,
-        help="the test output sent back is cut to this",
-    )
-    p.add_argument(
-        "--test-feedback-timeout",
-        type=float,
-        default=RolloutSettings.test_feedback_timeout_s,
-        help="seconds per test run",
-    )
     p.add_argument(
         "--seed",
         type=seed_value,
@@ -70,6 +43,7 @@ def add_rollout_arguments(p: argparse.ArgumentParser) -> None:
         help="seeded sampling: the k-th rollout of a task samples the same tokens from the same weights in every run "
         "with this seed, so that two checkpoints' rollouts pair up ('none': unseeded; default: unseeded, 0 for eval)",
     )
+    return p
 
 
 def seed_value(text: str) -> int | None:
@@ -82,8 +56,12 @@ def seed_value(text: str) -> int | None:
 
 
 def add_parser(verbs: argparse._SubParsersAction) -> None:
-    p = verbs.add_parser("rollout", help="run agents on tasks via aitlrt-serve (no training), with a summary")
-    add_rollout_arguments(p)
+    p = verbs.add_parser(
+        "rollout",
+        parents=[rollout_flags()],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        help="run agents on tasks via aitlrt-serve (no training), with a summary",
+    )
     p.add_argument("--rewards", default="", help="comma-separated built-in rewards to score rollouts with")
     p.add_argument(
         "--proxy", default="http://127.0.0.1:8000", help="aitlrt-serve URL (its admin key in $AITLRT_API_KEY)"
@@ -105,21 +83,10 @@ def reward_weights(spec: str) -> dict[str, float]:
 
 
 def rollout_settings(args: argparse.Namespace) -> RolloutSettings:
-    return RolloutSettings(
-        n=args.n,
-        agent=args.agent,
-        edit_format=args.edit_format,
-        aider_reminder=args.aider_reminder,
-        concurrency=args.concurrency,
-        timeout_s=args.timeout,
-        max_calls=args.max_calls,
-        context_window=args.context_window,
-        recycle_workspaces=not args.fresh_workspaces,
-        seed=args.seed,
-        test_feedback_rounds=args.test_feedback_rounds,
-        test_feedback_max_chars=args.test_feedback_max_chars,
-        test_feedback_timeout_s=args.test_feedback_timeout,
-    )
+    """The batch settings of the parsed flags of ``rollout_flags``. Raises ``ValueError`` for a knob out of range or
+    choice."""
+    knobs = RolloutArguments(**{f.name: getattr(args, f.name) for f in fields(RolloutArguments)})
+    return knobs.rollout_settings(args.n, args.seed)
 
 
 def prepared_tasks(args: argparse.Namespace, verb: str) -> list[PreparedTask]:

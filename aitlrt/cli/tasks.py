@@ -13,13 +13,8 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from aitlrt.cli.rollout import (
-    add_rollout_arguments,
-    prepared_tasks,
-    progress_printer,
-    reward_weights,
-    rollout_settings,
-)
+from aitlrt.cli.eval import add_sampling_flags
+from aitlrt.cli.rollout import prepared_tasks, progress_printer, reward_weights, rollout_flags, rollout_settings
 from aitlrt.tasks.difficulty import SOLVED_REWARD, TaskDifficulty, sidecar_path
 from aitlrt.tasks.loader import load_tasks, parse_overrides
 from aitlrt.tasks.sources import parse_source
@@ -51,9 +46,11 @@ def add_parser(verbs: argparse._SubParsersAction) -> None:
     check.add_argument("--timeout", type=float, default=600.0, help="seconds per test run")
 
     probe = tasks.add_parser(
-        "probe", help="roll out a policy k times per task and write each task's difficulty (for the curriculum)"
+        "probe",
+        parents=[rollout_flags()],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        help="roll out a policy k times per task and write each task's difficulty (for the curriculum)",
     )
-    add_rollout_arguments(probe)
     probe.add_argument("--k", dest="n", type=int, metavar="K", help="rollouts per task (same as --n; default 4)")
     probe.set_defaults(n=4)
     probe.add_argument(
@@ -68,9 +65,7 @@ def add_parser(verbs: argparse._SubParsersAction) -> None:
     )
     probe.add_argument("--out", type=Path, default=None, help="the sidecar (default: TASKS.difficulty.jsonl)")
     probe.add_argument("--merge", action="store_true", help="keep the sidecar's other tasks, replace those probed")
-    probe.add_argument("--max-tokens", type=int, default=512, help="tokens per model call (managed server)")
-    probe.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (managed server)")
-    probe.add_argument("--serve-args", default="--enforce-eager", help="extra aitlrt-serve/vLLM flags (managed)")
+    add_sampling_flags(probe)
     probe.add_argument("--run-dir", type=Path, default=Path("runs/probe"), help="the managed server's files")
 
 
@@ -160,7 +155,7 @@ def probe(args: argparse.Namespace) -> int:
         funcs,
         proxy=args.serve,
         serve_dir=args.run_dir / "serve",
-        max_tokens=args.max_tokens,
+        max_tokens=args.max_completion_length,
         temperature=args.temperature,
         serve_args=shlex.split(args.serve_args),
         on_progress=progress_printer(),

@@ -3,13 +3,11 @@ same server with ``POST /weights/reload``. Results go to JSON lines and a static
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import httpx
 
@@ -27,6 +25,7 @@ from aitlrt.report.html import write_report
 from aitlrt.rewards.inputs import RewardFunc
 from aitlrt.rollout.agents.scripted import TRIVIAL_POLICIES, ScriptedAgent, trivial_edits
 from aitlrt.rollout.batch import Batch, PreparedTask, RolloutSettings, run_batch
+from aitlrt.rollout.record import RolloutRecord, write_rollouts
 from aitlrt.rollout.runner import Progress
 from aitlrt.serving.process import managed_server
 
@@ -152,29 +151,26 @@ def run_trivial(
 
 def report_records(
     results: Sequence[CheckpointResult], weights: Mapping[str, float] | None = None
-) -> list[dict[str, Any]]:
+) -> list[RolloutRecord]:
     """One record per rollout for ``aitlrt.report.html`` (``checkpoint``: the label; ``step``: its position), with
-    the last call's conversation, the task's oracle patch and, with ``weights``, the weighted reward (``reward``, as
-    ``aitlrt.evaluation.scoring.summarise``)."""
+    the runner's details, the last call's conversation, the task's oracle patch and, with ``weights``, the weighted
+    reward (``reward``, as ``aitlrt.evaluation.scoring.summarise``)."""
     records = []
     for step, result in enumerate(results):
         for i, (task, outcome) in enumerate(zip(result.batch.tasks, result.batch.outcomes, strict=True)):
-            last = outcome.trace[-1] if outcome.trace else {}
-            conversation = list((last.get("request") or {}).get("messages") or [])
-            conversation += [last["message"]] if last.get("message") else []
+            rewards = {name: values[i] for name, values in result.rewards.items()}
+            weighted = {"reward": sum(weights.get(n, 0.0) * v for n, v in rewards.items())} if weights else {}
             records.append(
-                {
-                    **outcome.summary(),
-                    "checkpoint": result.label,
-                    "instance_id": task.instance_id,
-                    "oracle_patch": task.patch,
-                    "step": step,
-                    "conversation": conversation,
-                    "rewards": {name: values[i] for name, values in result.rewards.items()},
-                }
+                RolloutRecord.from_outcome(
+                    outcome,
+                    oracle_patch=task.patch,
+                    rewards=rewards,
+                    step=step,
+                    details=True,
+                    checkpoint=result.label,
+                    **weighted,
+                )
             )
-            if weights:
-                records[-1]["reward"] = sum(weights.get(n, 0.0) * v[i] for n, v in result.rewards.items())
     return records
 
 
@@ -184,9 +180,6 @@ def write_results(
     """``out_dir/rollouts.jsonl`` (``report_records``) and ``out_dir/report.html`` (these rollouts as the held-out
     evaluation: per checkpoint and task, then each rollout); return both paths."""
     records = report_records(results, weights)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    rollouts = out_dir / "rollouts.jsonl"
-    with open(rollouts, "w") as fh:
-        fh.writelines(json.dumps(r) + "\n" for r in records)
+    rollouts = write_rollouts(out_dir / "rollouts.jsonl", records)
     title = f"aitlrt eval: {' vs '.join(r.label for r in results)}"
     return rollouts, write_report([], out_dir / "report.html", title, heldout=records)

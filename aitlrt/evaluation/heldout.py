@@ -9,23 +9,24 @@ from typing import Any
 
 from aitlrt.evaluation.checkpoints import SERVED, TRIVIAL_POLICIES, CheckpointResult, evaluate, paired_gain
 from aitlrt.evaluation.scoring import paired_difference, summarise
+from aitlrt.report import metric_names as names
 from aitlrt.rewards.inputs import RewardFunc
 from aitlrt.rollout.batch import PreparedTask, RolloutSettings, prepare_tasks
 from aitlrt.rollout.runner import Progress
 from aitlrt.tasks.task import task_from_row
 
 SUMMARY_ROWS = (
-    ("resolve rate", "resolve_rate"),
-    ("  its std error", "resolve_se"),  # clustered by task: a before/after difference under ~2x is noise
-    ("pass@1", "pass@1"),
-    ("pass@k", "pass@k"),
-    ("edit rate", "edit_rate"),
-    ("P2P-kept edits", "p2p_kept_edits"),
-    ("localisation", "localisation"),
-    ("changed lines", "changed_lines_similarity"),
-    ("weighted reward", "reward"),
-    ("  its std error", "reward_se"),
-    ("calls / rollout", "calls"),
+    ("resolve rate", names.SUMMARY_RESOLVE_RATE),
+    ("  its std error", names.SUMMARY_RESOLVE_SE),  # clustered by task: a before/after difference under ~2x is noise
+    ("pass@1", names.SUMMARY_PASS_AT_1),
+    ("pass@k", names.SUMMARY_PASS_AT_K),
+    ("edit rate", names.SUMMARY_EDIT_RATE),
+    ("P2P-kept edits", names.SUMMARY_P2P_KEPT_EDITS),
+    ("localisation", names.SUMMARY_LOCALISATION),
+    ("changed lines", "changed_lines_similarity"),  # a reward's mean, under its own name
+    ("weighted reward", names.SUMMARY_REWARD),
+    ("  its std error", names.SUMMARY_REWARD_SE),
+    ("calls / rollout", names.SUMMARY_CALLS),
 )
 """The held-out table's rows, resolve rate first (``aitlrt.evaluation.scoring.summarise``)."""
 

@@ -8,6 +8,7 @@ import statistics
 from collections import Counter, defaultdict
 from collections.abc import Hashable, Mapping, Sequence
 
+from aitlrt.report import metric_names as names
 from aitlrt.rewards.builtin import REWARDS
 from aitlrt.rewards.inputs import RewardFunc, reward_row, score
 from aitlrt.rollout.batch import Batch
@@ -51,22 +52,24 @@ def summarise(
     means (NaN when all are); a measure not scored is not reported."""
     tasks = [o.task_id for o in batch.outcomes]
     out = {name: _mean(values) for name, values in rewards.items()}
-    out["edit_rate"] = statistics.fmean(bool(o.patch.strip()) for o in batch.outcomes)
+    out[names.SUMMARY_EDIT_RATE] = statistics.fmean(bool(o.patch.strip()) for o in batch.outcomes)
     if "tests_pass" in rewards:
         resolved = rewards["tests_pass"]
-        out |= {"resolve_rate": _mean(resolved), "resolve_se": clustered_se(resolved, tasks)}
+        out |= {names.SUMMARY_RESOLVE_RATE: _mean(resolved), names.SUMMARY_RESOLVE_SE: clustered_se(resolved, tasks)}
         out |= _pass_rates(resolved, tasks)
     if "keeps_pass_to_pass" in rewards:
         kept = rewards["keeps_pass_to_pass"]
-        out["p2p_kept_edits"] = _mean([v for v, o in zip(kept, batch.outcomes, strict=True) if o.patch.strip()])
+        out[names.SUMMARY_P2P_KEPT_EDITS] = _mean(
+            [v for v, o in zip(kept, batch.outcomes, strict=True) if o.patch.strip()]
+        )
     if "localised" in rewards:
-        out["localisation"] = out["localised"]
+        out[names.SUMMARY_LOCALISATION] = out["localised"]
     if weights:
         per_rollout = weighted_rewards(rewards, weights)
-        out |= {"reward": _mean(per_rollout), "reward_se": clustered_se(per_rollout, tasks)}
-    out["calls"] = statistics.fmean(o.calls for o in batch.outcomes)
-    out["completion_tokens"] = statistics.fmean(o.completion_tokens for o in batch.outcomes)
-    out["status_ok"] = statistics.fmean(o.status == "ok" for o in batch.outcomes)
+        out |= {names.SUMMARY_REWARD: _mean(per_rollout), names.SUMMARY_REWARD_SE: clustered_se(per_rollout, tasks)}
+    out[names.SUMMARY_CALLS] = statistics.fmean(o.calls for o in batch.outcomes)
+    out[names.SUMMARY_COMPLETION_TOKENS] = statistics.fmean(o.completion_tokens for o in batch.outcomes)
+    out[names.SUMMARY_STATUS_OK] = statistics.fmean(o.status == "ok" for o in batch.outcomes)
     return out
 
 
@@ -108,12 +111,12 @@ def _pass_rates(resolved: Sequence[float], tasks: Sequence[str]) -> dict[str, fl
     k = min(Counter(tasks).values(), default=0)
     groups = _by_cluster(resolved, tasks)
     if not groups:
-        return {"pass@1": math.nan, "pass@k": math.nan, "k": float(k)}
+        return {names.SUMMARY_PASS_AT_1: math.nan, names.SUMMARY_PASS_AT_K: math.nan, names.SUMMARY_K: float(k)}
     counts = [(len(group), round(sum(group))) for group in groups]
     return {
-        "pass@1": statistics.fmean(pass_at_k(n, c, 1) for n, c in counts),
-        "pass@k": statistics.fmean(pass_at_k(n, c, k) for n, c in counts),
-        "k": float(k),
+        names.SUMMARY_PASS_AT_1: statistics.fmean(pass_at_k(n, c, 1) for n, c in counts),
+        names.SUMMARY_PASS_AT_K: statistics.fmean(pass_at_k(n, c, k) for n, c in counts),
+        names.SUMMARY_K: float(k),
     }
 
 

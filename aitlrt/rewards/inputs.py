@@ -39,6 +39,14 @@ def reward_row(row: Mapping[str, Any], task: Task, outcome: RolloutOutcome) -> d
     }
 
 
+def rows_of(columns: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each rollout's row rebuilt from trl's per-column keyword arguments (``score``'s inverse): every column that is
+    a list with one entry per rollout (``agent_patch``'s length)."""
+    n = len(columns["agent_patch"])
+    lists = {k: v for k, v in columns.items() if isinstance(v, list | tuple) and len(v) == n}
+    return [{k: v[i] for k, v in lists.items()} for i in range(n)]
+
+
 def guarded(func: Callable[..., Any], name: str, errors: dict[str, str]) -> Callable[..., Any]:
     """``func`` (called as trl calls it), except that an exception is logged, kept as ``errors[name]`` and makes
     every rollout of the call unscorable (NaN) instead of propagating."""

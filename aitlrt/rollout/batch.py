@@ -15,8 +15,8 @@ import httpx
 from aitlrt.common.keys import admin_headers
 from aitlrt.common.resources import agent_slots
 from aitlrt.common.seeds import derived_seed
-from aitlrt.rollout.agents import AGENTS, Agent, AgentTask, make_agent
-from aitlrt.rollout.agents.aider import REMINDERS
+from aitlrt.rollout.agents import Agent, AgentTask, make_agent
+from aitlrt.rollout.arguments import RolloutSettings
 from aitlrt.rollout.runner import Progress, RolloutOutcome, RolloutRequest, RolloutRunner
 from aitlrt.tasks.envs import EnvBuildError
 from aitlrt.tasks.feedback import feedback_command
@@ -46,50 +46,6 @@ def prepare_tasks(tasks: Iterable[Task]) -> list[PreparedTask]:
     if not out:
         raise TaskLoadError("no task could be prepared")
     return out
-
-
-@dataclass(frozen=True)
-class RolloutSettings:
-    """How ``run_batch`` runs the agents."""
-
-    n: int = 1
-    """Rollouts per task."""
-    agent: str = "aider-warm"
-    edit_format: str = "whole"
-    aider_reminder: str = "user"
-    concurrency: int | None = None
-    """Agents at once; None: from the node's cores and memory (``agent_slots``)."""
-    timeout_s: float = 600.0
-    max_calls: int | None = None
-    context_window: int = 8192
-    recycle_workspaces: bool = True
-    seed: int | None = None
-    """Seeded sampling (``rollout_seed``): the k-th rollout of a task samples the same tokens from the same weights in
-    every batch with this seed, so that two checkpoints' rollouts pair up; None: unseeded."""
-    test_feedback_rounds: int = 0
-    """Test feedback (``aitlrt.tasks.feedback``): after an edit, Aider runs the task's tests in the grader's sandbox
-    and sends the failures back for another try, at most this many times; 0: no test runs."""
-    test_feedback_max_chars: int = 3000
-    """Characters of test output sent back per round at most (the failures' tracebacks first)."""
-    test_feedback_timeout_s: float = 120.0
-    """Wall-clock limit of one test feedback run."""
-
-    def __post_init__(self) -> None:
-        if self.agent not in AGENTS:
-            raise ValueError(f"unknown agent {self.agent!r} (one of {', '.join(AGENTS)})")
-        if self.aider_reminder not in REMINDERS:
-            raise ValueError(f"aider_reminder is one of {', '.join(REMINDERS)}, not {self.aider_reminder!r}")
-        if self.test_feedback_rounds < 0 or self.test_feedback_max_chars < 1 or self.test_feedback_timeout_s <= 0:
-            raise ValueError(
-                f"test_feedback_rounds must be >= 0 (got {self.test_feedback_rounds}), test_feedback_max_chars >= 1 "
-                f"(got {self.test_feedback_max_chars}), test_feedback_timeout_s > 0 ({self.test_feedback_timeout_s})"
-            )
-        if self.max_calls is not None and self.max_calls < 1 + self.test_feedback_rounds:
-            raise ValueError(
-                f"max_calls (rollout_max_calls) {self.max_calls} leaves no call for every test feedback round: each "
-                f"round is one more model call, so test_feedback_rounds {self.test_feedback_rounds} needs at least "
-                f"{1 + self.test_feedback_rounds} (more for Aider's retries after an edit that did not apply)"
-            )
 
 
 def agent_task(task: Task, settings: RolloutSettings) -> AgentTask:
@@ -176,7 +132,13 @@ def run_batch(
     ]
     concurrency = settings.concurrency or agent_slots()
     owned = agent is None
-    agent = agent or make_agent(settings.agent, settings.edit_format, settings.aider_reminder)
+    agent = agent or make_agent(
+        settings.agent,
+        settings.edit_format,
+        settings.aider_reminder,
+        command=settings.agent_command,
+        max_calls=settings.max_calls,
+    )
     runner = RolloutRunner(
         agent,
         proxy,

@@ -1,14 +1,7 @@
 """Run many agents at once, each in a private workspace, and judge each rollout from its patch and trace.
 
-A rollout's status says whose failure it was. Failures of the policy: ``timeout``, ``call_limit``, ``no_patch``
-(an empty diff, or a patch refused because the agent changed its ``.git``: ``aitlrt.common.workspace``),
-and ``crashed`` after answered calls (the agent died on what the policy wrote); rewards score them (0 for the
-built-ins). Failures outside the policy (``infrastructure_failure``), which say nothing about it: ``agent_error``
-(an exception around the agent: proxy unreachable, no workspace; no call answered: every call errored or none
-reached the proxy; the agent's last call failed with a server error, 5xx, so the server ended the rollout: a hung
-vLLM shows so once the proxy's request timeout passes) and
-``crashed`` before any answered call (the agent could not start). The trainer makes every reward of such a
-rollout NaN: it leaves its group's baseline and trains nothing.
+A rollout's status (``judge``) says whose failure it was: the names and the predicates are
+``aitlrt.rollout.status``'s. A rollout that failed outside the policy (``infrastructure_failure``) is unscorable.
 """
 
 from __future__ import annotations
@@ -20,7 +13,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 
@@ -28,10 +21,9 @@ from aitlrt.common.keys import admin_key, bearer, rollout_token
 from aitlrt.common.procs import kill_sessions
 from aitlrt.common.workspace import RefusedPatch, WorkspacePool, patch_of, reclaim_stale
 from aitlrt.rollout.agents.base import Agent, AgentExit, AgentTask, ModelEndpoint
+from aitlrt.rollout.status import Status, infrastructure_failure
 
 log = logging.getLogger(__name__)
-
-Status = Literal["ok", "no_patch", "timeout", "call_limit", "agent_error", "crashed"]
 
 
 @dataclass(frozen=True)
@@ -75,12 +67,6 @@ class RolloutOutcome:
         return row
 
 
-def infrastructure_failure(status: str, answered_calls: int) -> bool:
-    """Whether a rollout with ``status`` and ``answered_calls`` failed for reasons outside the policy (see the
-    module docstring): ``agent_error``, or ``crashed`` before any call was answered."""
-    return status == "agent_error" or (status == "crashed" and answered_calls == 0)
-
-
 def judge(
     exit: AgentExit | None,
     patch: str,
@@ -88,8 +74,9 @@ def judge(
     error: str | None = None,
     refused: str | None = None,
 ) -> tuple[Status, str]:
-    """The outcome from facts, not from the agent's exit code alone (Aider exits 0 on failure). ``refused``: why
-    the workspace's patch was not taken (``RefusedPatch``): the policy's failure, ``no_patch``."""
+    """The outcome from facts, not from the agent's exit code alone (Aider exits 0 on failure; the statuses:
+    ``aitlrt.rollout.status``). ``refused``: why the workspace's patch was not taken (``RefusedPatch``): the
+    policy's failure, ``no_patch``."""
     answered = [c for c in trace if c.get("status") == 200]
     failed = [c for c in trace if c.get("status") != 200]
     last = max(trace, key=lambda c: c.get("call_index", 0)) if trace else {}

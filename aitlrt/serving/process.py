@@ -14,6 +14,7 @@ from pathlib import Path
 
 from aitlrt.common import keys
 from aitlrt.common.procs import die_with_parent, free_port, wait_http
+from aitlrt.serving.sampling_defaults import NEUTRAL_CONFIG_FLAG
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,27 @@ class ServeProcess:
         self.stop()
 
 
+def managed_args(
+    model: str | Path,
+    run_dir: Path,
+    *,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    max_tokens: int | None = None,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    """``aitlrt-serve``'s arguments for ``managed_server``: vLLM gets neutral sampling defaults
+    (``--generation-config vllm``, unless ``extra_args`` name a generation config): the model's
+    ``generation_config.json`` would otherwise apply its penalties to every call (``sampling_defaults``)."""
+    sampling = {"--temperature": temperature, "--top-p": top_p, "--top-k": top_k, "--max-tokens": max_tokens}
+    args = ["--model", str(model), "--run-dir", str(run_dir)]
+    args += [word for flag, value in sampling.items() if value is not None for word in (flag, str(value))]
+    if not any(arg.split("=")[0] == NEUTRAL_CONFIG_FLAG[0] for arg in extra_args):
+        args += NEUTRAL_CONFIG_FLAG
+    return [*args, *extra_args]
+
+
 @contextmanager
 def managed_server(
     model: str | Path,
@@ -119,13 +141,13 @@ def managed_server(
     max_tokens: int | None = None,
     extra_args: Sequence[str] = (),
 ) -> Iterator[ServeProcess]:
-    """``aitlrt-serve`` + vLLM on ``model`` with these sampling parameters (None: the server's default) on a free
-    local port, journal and ``serve.log`` in ``run_dir``, a new admin key (``ServeProcess``); ready when entered,
-    stopped on exit."""
-    sampling = {"--temperature": temperature, "--top-p": top_p, "--top-k": top_k, "--max-tokens": max_tokens}
-    args = ["--model", str(model), "--run-dir", str(run_dir)]
-    args += [word for flag, value in sampling.items() if value is not None for word in (flag, str(value))]
-    serve = ServeProcess([*args, *extra_args], port=free_port(), log_path=run_dir / "serve.log")
+    """``aitlrt-serve`` + vLLM on ``model`` with these sampling parameters (``managed_args``; None: the server's
+    default) on a free local port, journal and ``serve.log`` in ``run_dir``, a new admin key (``ServeProcess``);
+    ready when entered, stopped on exit."""
+    args = managed_args(
+        model, run_dir, temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens, extra_args=extra_args
+    )
+    serve = ServeProcess(args, port=free_port(), log_path=run_dir / "serve.log")
     log.info("starting aitlrt-serve + vLLM on %s; log: %s", model, serve.log_path)
     serve.start()
     try:

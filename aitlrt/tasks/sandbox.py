@@ -63,14 +63,22 @@ def hidden_folders() -> list[Path]:
     return [p for p in dict.fromkeys(folders) if p.is_dir() and p != Path("/")]
 
 
-def _bwrap(bwrap: str, cwd: Path, binds: Sequence[Path] = (), writable: bool = True) -> tuple[str, ...]:
+def _bwrap(
+    bwrap: str,
+    cwd: Path,
+    binds: Sequence[Path] = (),
+    writable: bool = True,
+    writable_binds: Sequence[Path] = (),
+    network: bool = False,
+) -> tuple[str, ...]:
     # Order matters: the private /tmp and the hidden folders first, so that folders in them are bound on top.
     hide = [arg for p in hidden_folders() for arg in ("--tmpfs", str(p))]
     ro_binds = [arg for b in dict.fromkeys(binds) for arg in ("--ro-bind", str(b), str(b))]
+    rw_binds = [arg for b in dict.fromkeys(writable_binds) for arg in ("--bind", str(b), str(b))]
     return (
         bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", *hide, *ro_binds,
-        "--bind" if writable else "--ro-bind", str(cwd), str(cwd), "--chdir", str(cwd),
-        "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+        *rw_binds, "--bind" if writable else "--ro-bind", str(cwd), str(cwd), "--chdir", str(cwd),
+        "--unshare-pid", *(() if network else ("--unshare-net",)), "--unshare-ipc", "--unshare-uts",
         "--cap-drop", "ALL", "--die-with-parent", "--new-session", "--",
     )  # fmt: skip
 
@@ -112,6 +120,38 @@ def runner_prefix(binds: Sequence[Path], cwd: Path, writable: bool = True) -> tu
     bind = ",".join(str(p) for p in dict.fromkeys([cwd, *binds]))
     cmd = (exe, "exec", "--containall", "--net", "--network", "none", "--bind", bind, "--pwd", str(cwd), image)
     return cmd, f"apptainer ({image}, no network)"
+
+
+def prlimit_prefix(cpu_seconds: int) -> tuple[str, ...]:
+    """util-linux ``prlimit`` with the limits of graded tests but the process count (whose per-user count the caller
+    cannot know ahead of each command): for commands started by a process of another virtualenv, which cannot import
+    ``_limits``. Empty where ``prlimit`` is missing."""
+    exe = shutil.which("prlimit")
+    if exe is None:
+        return ()
+    return (
+        exe, f"--as={MEMORY_LIMIT}", f"--fsize={FILE_SIZE_LIMIT}", f"--cpu={cpu_seconds}", "--core=0", "--",
+    )  # fmt: skip
+
+
+def shell_sandbox(workspace: Path, timeout_s: float, binds: Sequence[Path] = ()) -> tuple[tuple[str, ...], str]:
+    """The argv prefix for each shell command an agent runs (``bash -c CMD`` follows it) and its isolation word: the
+    sandbox of graded tests (``runner_prefix``: with bubblewrap the host read-only, ``workspace`` writable, a private
+    ``/tmp``, no network at all, its own pid namespace, so that nothing it starts outlives it) under the limits of
+    graded tests, CPU time ``2 * timeout_s + 10``. The agent's own process stays outside: it must reach the proxy."""
+    prefix, name = runner_prefix(binds, workspace)
+    return (*prlimit_prefix(int(timeout_s * 2) + 10), *prefix), name
+
+
+def agent_sandbox(workspace: Path, private: Sequence[Path], binds: Sequence[Path] = ()) -> tuple[tuple[str, ...], str]:
+    """The argv prefix for a whole agent process that must reach the proxy (``agent: command``): bubblewrap as
+    ``shell_sandbox``'s but sharing the host's network; ``private``: folders of its own it may write (its HOME),
+    ``binds``: folders it reads that are hidden otherwise (its virtualenv). Without bubblewrap: no prefix
+    (``none: ...``); the network cannot be kept to the proxy alone by ``unshare`` or apptainer here."""
+    if (bwrap := shutil.which("bwrap")) and _works(_bwrap(bwrap, Path("/"))):
+        prefix = _bwrap(bwrap, workspace, binds, writable_binds=private, network=True)
+        return prefix, "bwrap (network shared: the agent reaches the proxy)"
+    return (), f"{NO_ISOLATION}: bubblewrap cannot create namespaces here (apt-get install bubblewrap)"
 
 
 def isolation() -> str:

@@ -14,17 +14,22 @@ perturbed model. A server on other weights: 1.8 (down_proj + N(0, 0.05): "anothe
 logged, not checked (single tokens reach 0.5). GPU bf16 serving against a bf16 or fp32 trainer could not be
 measured here (no GPU): the default assumes it is no noisier; raise the tolerance if the probe fires on weights
 known to be right (its error says by how much). The probe finds a server on other weights; it cannot see one
-step's drift at a typical learning rate (far below bf16 noise): that is the weight version's job.
+step's drift at a typical learning rate (far below bf16 noise): that is the weight version's job. Relative to the
+weights before the sync: once the policy has moved ``DECISIVE_SHIFT`` times the serving noise since the last
+verified check, the server must be closer to the policy now than to that one, whatever the tolerance (a sync that
+did nothing after a move of 0.15 nats/token passes the tolerance of 0.25, not this).
 
 The sampling check: the temperature, top-p, top-k and max tokens per call that the server forces (``GET
-/settings``) must be the config's, else ``SamplingMismatchError`` at connect time.
+/settings``) must be the config's, and its vLLM must apply no sampling default that alters them (a
+``repetition_penalty`` of the model's ``generation_config.json``: ``aitlrt.serving.sampling_defaults``), else
+``SamplingMismatchError`` at connect time.
 """
 
 from __future__ import annotations
 
 import logging
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +37,8 @@ import torch
 from accelerate.utils import broadcast_object_list
 from transformers import PreTrainedTokenizerBase, Trainer
 
+from aitlrt.common.keys import admin_key, vllm_key
+from aitlrt.serving.sampling_defaults import served_sampling_defaults
 from aitlrt.training.config import AgentGRPOConfig
 from aitlrt.training.weight_sync import proxy_request
 
@@ -102,11 +109,28 @@ def server_logprobs(proxy_url: str, token_ids: list[int]) -> tuple[int, list[flo
     return answer["weight_version"], answer["logprobs"]
 
 
+NOISE_FLOOR = 0.034
+"""The smallest serving noise assumed (nats/token): the mean gap of vLLM CPU bf16 against the fp32 trainer on the
+bundled model's original weights, the quietest case measured (module docstring)."""
+DECISIVE_SHIFT = 4.0
+"""The relative check judges a sync only when the policy moved at least this many times the serving noise (the gap
+of the last verified check, at least ``NOISE_FLOOR``): a server left on the old weights then reads ``shift``, one on
+the new ones ``noise``, and noise up to 2.7x the last check's (0.034 -> 0.094 measured on perturbed weights) cannot
+swap them. Smaller moves (one step at a typical learning rate: far below the noise) are the weight version's job."""
+
+
 class WeightProbe:
-    """Scores ``token_ids`` on the server and in the trainer and fails when they differ beyond ``tolerance``."""
+    """Scores ``token_ids`` on the server and in the trainer and fails when they differ beyond ``tolerance``, or when
+    the server is closer to the policy of the last verified check than to the policy now (a sync that did nothing).
+
+    The absolute tolerance alone cannot see a sync that did nothing after a move smaller than it: every weight times
+    1 + 3 % noise reads 0.31 nats/token, and a move of half that passes 0.25. The relative check compares the
+    server with both policies, the one it served before (the trainer's logprobs at the last check that passed) and
+    the one it should serve now."""
 
     def __init__(self, proxy_url: str, token_ids: list[int], tolerance: float) -> None:
         self.proxy_url, self.token_ids, self.tolerance = proxy_url, token_ids, tolerance
+        self._verified: tuple[list[float], ProbeGap] | None = None  # the policy's logprobs and gap at the last pass
 
     def check(self, trainer: Trainer, weight_version: int) -> ProbeGap:
         """Every rank calls: every rank scores (ZeRO-3's forward is collective), the main process asks the server
@@ -117,17 +141,40 @@ class WeightProbe:
             try:
                 served_version, served = server_logprobs(self.proxy_url, self.token_ids)
                 gap = probe_gap(served, mine)
-                if gap.mean <= self.tolerance:
-                    outcome = gap
-                else:
+                if gap.mean > self.tolerance:
                     outcome = self._mismatch(gap, served, mine, served_version, weight_version)
+                else:
+                    outcome = self._stale(gap, served, mine, served_version, weight_version) or gap
             except Exception as exc:  # every rank must learn of it, not only this one
                 outcome = f"the weight probe could not score the probe on the server at {self.proxy_url}: {exc}"
         outcome = broadcast_object_list([outcome])[0]
         if not isinstance(outcome, ProbeGap):
             raise WeightProbeError(f"{outcome} (trainer at step {trainer.state.global_step})")
+        self._verified = (mine, outcome)
         log.debug("weight probe: mean gap %.4f, max %.4f nats/token", outcome.mean, outcome.max)
         return outcome
+
+    def _stale(
+        self, gap: ProbeGap, served: list[float], mine: list[float], served_version: int, weight_version: int
+    ) -> str | None:
+        """Why the server looks like it still serves the policy of the last verified check (None: it does not, or
+        the policy moved too little since to tell)."""
+        if self._verified is None:
+            return None
+        before, noise = self._verified
+        shift = probe_gap(mine, before).mean
+        to_before = probe_gap(served, before).mean
+        if shift < DECISIVE_SHIFT * max(noise.mean, NOISE_FLOOR) or gap.mean < to_before:
+            return None
+        return (
+            f"the weight sync did not reach the server: on the {len(mine)} scored tokens of a fixed probe, the server "
+            f"(vLLM via {self.proxy_url}, weight version {served_version}) is {to_before:.3f} nats/token from the "
+            f"policy it was verified to serve before and {gap.mean:.3f} from the trainer's policy now (weight "
+            f"version {weight_version}), which moved {shift:.3f} since: it still serves the old weights, within "
+            f"weight_probe_tolerance={self.tolerance} only because the policy moved less than that. Likely causes: a "
+            "reload folder vLLM reads elsewhere, an incomplete NCCL transfer, LoRA weights merged under the wrong "
+            "names"
+        )
 
     def _mismatch(
         self, gap: ProbeGap, served: list[float], mine: list[float], served_version: int, weight_version: int
@@ -169,9 +216,15 @@ def _normal(key: str, value: Any) -> Any:
     return value
 
 
-def check_sampling(args: AgentGRPOConfig, forced: dict[str, Any], proxy_url: str) -> None:
+def check_sampling(
+    args: AgentGRPOConfig,
+    forced: dict[str, Any],
+    proxy_url: str,
+    server_defaults: Mapping[str, float] | None = None,
+) -> None:
     """Raise ``SamplingMismatchError`` naming both values and the fixes unless ``forced`` (what aitlrt-serve forces
-    on every call) is the sampling of ``args``."""
+    on every call) is the sampling of ``args`` and ``server_defaults`` (what its vLLM applies to a field a call
+    leaves unset: ``aitlrt.serving.sampling_defaults``; None: unknown) alter nothing that ``forced`` leaves unset."""
     differences, flags, settings = [], [], []
     for name, key, flag in _SAMPLING:
         ours, theirs = _normal(key, getattr(args, name)), _normal(key, forced.get(key))
@@ -188,3 +241,27 @@ def check_sampling(args: AgentGRPOConfig, forced: dict[str, Any], proxy_url: str
             + ("" if args.max_completion_length is not None else " (and no --max-tokens)")
             + f", or set {', '.join(settings)} in the training config."
         )
+    applied = {k: v for k, v in (server_defaults or {}).items() if k not in forced}
+    if applied:
+        listed = ", ".join(f"{k}={v:g}" for k, v in sorted(applied.items()))
+        raise SamplingMismatchError(
+            f"the vLLM behind aitlrt-serve at {proxy_url} applies sampling defaults that no call overrides: {listed} "
+            "(from the model's generation_config.json: vLLM's default --generation-config auto). The sampler's "
+            "logprobs include them, the trainer's do not, so every importance-sampling ratio would be off. Restart "
+            "aitlrt-serve with --generation-config vllm (passed on to vLLM; serve: managed does so)."
+        )
+
+
+def check_server_sampling(args: AgentGRPOConfig, proxy_url: str) -> None:
+    """``check_sampling`` against the server at ``proxy_url``: what aitlrt-serve forces (``GET /settings``) and the
+    defaults of its vLLM (``args.vllm_url``, else the proxy's upstream; a warning where they cannot be read)."""
+    forced = proxy_request(proxy_url, "GET", "/settings").json()["sampling"]
+    upstream = args.vllm_url or proxy_request(proxy_url, "GET", "/weights").json()["upstream"]
+    defaults = served_sampling_defaults(upstream.rstrip("/"), vllm_key(admin_key(proxy_url) or ""))
+    if defaults is None:
+        log.warning(
+            "the sampling defaults of the vLLM behind %s could not be read: make sure it runs with "
+            "--generation-config vllm, or a penalty of the model's generation_config.json applies to every call",
+            proxy_url,
+        )
+    check_sampling(args, forced, proxy_url, defaults)

@@ -147,3 +147,33 @@ def _windows(row: Row, spans: list[Span], max_length: int, context: int) -> list
         )
         start = end
     return windows
+
+
+def rollout_rows(
+    traces: list[list[dict[str, Any]]],
+    skip: set[int],
+    max_length: int | None = None,
+    include_tagged: bool = False,
+) -> tuple[list[Row], list[int], RowStats]:
+    """The rows of several rollouts (``traces``: each one's recorded calls; those in ``skip``, by index, give none:
+    unscorable), each row's rollout, and the counts."""
+    rows, owners, stats = [], [], RowStats()
+    for i, trace in enumerate(traces):
+        if i in skip:
+            stats.skipped_unscorable += len(trace)
+            continue
+        built, s = build_rows(trace, max_length, include_tagged)
+        stats.add(s)
+        rows += built
+        owners += [i] * len(built)
+    return rows, owners, stats
+
+
+def truncated_rollouts(traces: list[list[dict[str, Any]]], include_tagged: bool = False) -> set[int]:
+    """The rollouts (by index) of which a trained call was cut at ``max_completion_length`` (finish reason
+    ``length``): under ``mask_truncated_completions`` they get no loss, as trl's truncated completions."""
+    return {
+        i
+        for i, trace in enumerate(traces)
+        if any(call.get("finish_reason") == "length" and (include_tagged or not call.get("tag")) for call in trace)
+    }

@@ -53,29 +53,106 @@ def _once(items: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torc
 def lora_weights(peft_model: torch.nn.Module, merge: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
     """The weights vLLM loads for a PEFT model, one at a time, under the base model's names, each storage once.
 
-    With ``merge``, the active LoRA adapters are added in out of place (``W + get_delta_weight``) where the layer
-    lives, one layer at a time: no full copy of the model is made, and unlike merge/unmerge the model's own weights
-    are never touched, so repeated syncs cannot accumulate rounding drift into a bf16 base. Without ``merge``: the
-    base weights (the same names, shapes and dtypes). Unmerged tensors are the model's own: copy what you keep.
+    With ``merge``, the active LoRA adapters are added in out of place where the layer lives, one layer at a time: no
+    full copy of the model is made, and unlike merge/unmerge the model's own weights are never touched, so repeated
+    syncs cannot accumulate rounding drift into a bf16 base. Plain LoRA adds ``get_delta_weight`` (and the LoRA bias
+    of ``lora_bias=True``); DoRA rescales ``W + delta`` by its magnitude vector column by column, as peft's merge
+    does; a module of ``modules_to_save`` is sent as its trained copy. What cannot be served that way (other LoRA
+    variants, DoRA stacked with other adapters, a trained copy of a weight tied to another) raises ValueError
+    naming it: a sync that sent the base weights instead would serve another policy than the one trained. Without
+    ``merge``: the base weights (the same names, shapes and dtypes). Unmerged tensors are the model's own: copy what
+    you keep.
     """
     from peft.tuners.lora import LoraLayer
 
     def base_name(name: str) -> str:
-        return name.removeprefix("base_model.model.").replace(".base_layer", "")
+        return name.removeprefix("base_model.model.").replace(".base_layer", "").replace(".original_module", "")
 
-    layers: dict[str, Any] = {  # LoraLayer's concrete subclasses (Linear, Embedding, ...) define get_delta_weight
-        base_name(f"{name}.base_layer.weight"): module
-        for name, module in peft_model.named_modules()
-        if isinstance(module, LoraLayer) and not module.merged
-    }
-    kept = ((k, v) for k, v in peft_model.state_dict().items() if "lora_" not in k and "modules_to_save" not in k)
-    for key, value in _once(kept):
-        name, tensor, layer = base_name(key), value.detach(), layers.get(base_name(key))
-        if merge and layer is not None:
-            for adapter in (a for a in layer.active_adapters if a in layer.lora_A):
-                with torch.no_grad():
-                    tensor = tensor + layer.get_delta_weight(adapter).to(tensor.dtype)
+    layers: dict[str, Any] = {}  # LoraLayer's concrete subclasses (Linear, Embedding, ...) define get_delta_weight
+    for name, module in peft_model.named_modules():
+        if isinstance(module, LoraLayer) and not module.merged:
+            if (
+                merge
+                and getattr(module.get_base_layer(), "bias", None) is None
+                and any(module.lora_bias.get(a, False) for a in module.active_adapters)
+            ):
+                raise ValueError(
+                    f"{base_name(name)}: lora_bias=True on a layer without a bias, which the served model has no "
+                    "tensor for; train without lora_bias"
+                )
+            layers[base_name(f"{name}.base_layer.weight")] = module
+            layers[base_name(f"{name}.base_layer.bias")] = module
+    state = [(base_name(k), v) for k, v in peft_model.state_dict().items() if not _adapter_key(k)]
+    trained = _modules_to_save(peft_model, base_name) if merge else {}
+    sharing: dict[int, list[str]] = {}
+    for name, value in state:
+        sharing.setdefault(value.data_ptr(), []).append(name)
+    if tied := [names for names in sharing.values() if len(names) > 1 and set(names) & set(trained)]:
+        raise ValueError(
+            f"LoRA modules_to_save trains a copy of a weight tied to another ({tied}): vLLM loads one tensor for "
+            "both, the trainer's model then uses two; untie them (tie_word_embeddings=False) or leave the module "
+            "out of modules_to_save"
+        )
+    for name, value in _once(state):
+        tensor, layer = value.detach(), layers.get(name)
+        if name in trained:
+            tensor = trained[name]
+        elif merge and layer is not None:
+            tensor = _merged(layer, name, tensor)
         yield name, tensor
+
+
+def _adapter_key(key: str) -> bool:
+    """A PEFT state-dict key of the adapter's own tensors (LoRA matrices, DoRA magnitudes, trained module copies)."""
+    return "lora_" in key or ".modules_to_save." in key
+
+
+def _modules_to_save(peft_model: torch.nn.Module, base_name: Callable[[str], str]) -> dict[str, torch.Tensor]:
+    """The trained copies of ``modules_to_save`` (their active adapter's), under the base model's names."""
+    from peft.utils import ModulesToSaveWrapper
+
+    out = {}
+    for name, module in peft_model.named_modules():
+        if not isinstance(module, ModulesToSaveWrapper) or module.disable_adapters:
+            continue
+        active = [a for a in module.active_adapters if a in module.modules_to_save]
+        if len(active) > 1:
+            raise ValueError(f"{name}: {len(active)} active modules_to_save adapters; the sync serves one")
+        for adapter in active:
+            for key, tensor in module.modules_to_save[adapter].state_dict().items():
+                out[base_name(f"{name}.{key}")] = tensor.detach()
+    return out
+
+
+def _merged(layer: Any, name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` (the weight or bias ``name`` of LoRA layer ``layer``) with its active adapters merged in."""
+    from peft.tuners.lora.variants import DoraLinearVariant
+    from peft.utils.other import transpose
+
+    active = [a for a in layer.active_adapters if a in layer.lora_A]
+    variants = {a: v for a, v in getattr(layer, "lora_variant", {}).items() if a in active}
+    if variants and (len(active) > 1 or not all(isinstance(v, DoraLinearVariant) for v in variants.values())):
+        kinds = sorted({type(v).__name__ for v in variants.values()})
+        raise ValueError(
+            f"{name}: LoRA variant(s) {kinds} with {len(active)} active adapter(s): the weight sync merges plain LoRA "
+            "and a single DoRA adapter on linear layers; merge the adapter (merge_and_unload) and train without it"
+        )
+    with torch.no_grad():
+        for adapter in active:
+            if name.endswith(".bias"):
+                if layer.lora_bias.get(adapter, False):
+                    tensor = tensor + (layer.lora_B[adapter].bias * layer.scaling[adapter]).to(tensor.dtype)
+                continue
+            delta = layer.get_delta_weight(adapter)
+            if adapter in variants:  # DoRA: m * (W + delta) / ||W + delta||, the norm taken per output row
+                base = tensor.to(delta.dtype)
+                magnitude = layer.lora_magnitude_vector[adapter]
+                norm = magnitude.get_weight_norm(base, transpose(delta, layer.fan_in_fan_out), scaling=1)
+                scale = transpose((magnitude.weight / norm).view(-1, 1), layer.fan_in_fan_out)
+                tensor = (scale * (base + delta)).to(tensor.dtype)
+            else:
+                tensor = tensor + delta.to(tensor.dtype)
+    return tensor
 
 
 def zero3(trainer: Trainer) -> bool:

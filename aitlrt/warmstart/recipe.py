@@ -49,7 +49,7 @@ def cache_key(source: str, tasks: Sequence[Task], model: str, settings: RolloutS
             k: v
             for k, v in asdict(settings).items()
             if k not in ("concurrency", "timeout_s")
-            and not (k == "seed" and v is None)  # unseeded: keys as before
+            and not (k in ("seed", "agent_command") and v is None)  # unseeded, no command agent: keys as before
             and (feedback or not k.startswith("test_feedback_"))  # no test feedback: keys as before
         },
         "flags": list(flags),

@@ -2,10 +2,12 @@
 that ``aitlrt trajectories`` wrote, one JSON line per call in trl's conversational prompt-completion form.
 
 The loss covers the completion only (trl's ``completion_only_loss``, on by default for prompt-completion rows): the
-applied answer and its end-of-turn token, never the prompt. The prompt is what the agent sent, Aider's few-shot
-assistant turns and earlier answers included; ``assistant_only_loss`` would train on those too (and needs a chat
-template with ``{% generation %}`` markers, which SmolLM2's lacks). LoRA adapters are merged, so the output folder
-is always a full model (safetensors, base dtype) plus tokenizer, which vLLM serves and ``aitlrt/train.py`` starts from.
+applied answer and its end-of-turn token, never the prompt, nor the newline the chat template writes after that token
+(``end_at_stop_token``: the sampler stops at the end-of-turn token and never emits it). The prompt is what the agent
+sent, Aider's few-shot assistant turns and earlier answers included; ``assistant_only_loss`` would train on those too
+(and needs a chat template with ``{% generation %}`` markers, which SmolLM2's lacks). LoRA adapters are merged, so the
+output folder is always a full model (safetensors, base dtype) plus tokenizer, which vLLM serves and
+``aitlrt/train.py`` starts from.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -21,34 +22,26 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from accelerate.utils import is_peft_model
-from transformers import TrainerCallback
 from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser
 
 from aitlrt.common.lm_head import scored_positions_only
 from aitlrt.common.resources import cpu_mixed_precision
 from aitlrt.common.shared_prefix import shared_prefix_forward, use_shared_prefix
+from aitlrt.report import metric_names as names
+from aitlrt.report.metrics_log import MetricsLog
+from aitlrt.report.step_table import SFT_COLUMNS, use_step_table
+from aitlrt.warmstart.sft_rows import ChatRow, SftDataError, load_sft_rows
 
 if TYPE_CHECKING:
     from peft import PeftConfig
-    from transformers import (
-        BatchEncoding,
-        PretrainedConfig,
-        PreTrainedModel,
-        PreTrainedTokenizerBase,
-        TrainerControl,
-        TrainerState,
-        TrainingArguments,
-    )
+    from transformers import BatchEncoding, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "sft_metrics.jsonl"
+"""Every log entry (loss, learning rate, cumulative tokens, ...) with its step and elapsed seconds, as training goes
+(``aitlrt.report.metrics_log.MetricsLog``, as a GRPO run's ``metrics.jsonl``)."""
 RESULT_FILE = "sft_result.json"
-ROLES = ("system", "user", "assistant")
-
-
-class SftDataError(ValueError):
-    """The trajectory file cannot be trained on; the message names the file and line."""
 
 
 @dataclass
@@ -123,71 +116,20 @@ class SftResult:
     train_loss: float
     tokens: int  # prompt + completion tokens through the model (trl's num_tokens)
     seconds: float
-    tokens_per_s: float
+    tokens_per_s: float  # tokens / seconds
     lora: bool
 
     def as_json(self) -> dict[str, Any]:
         return {**asdict(self), "output_dir": str(self.output_dir)}
 
 
-def load_sft_rows(path: str | Path) -> list[dict[str, list[dict[str, str]]]]:
-    """The rows of a trajectory file as ``{"prompt": messages, "completion": [assistant message]}`` (messages reduced
-    to role and content; other columns dropped); ``SftDataError`` naming the line for anything else."""
-    path = Path(path)
-    if not path.is_file():
-        raise SftDataError(f"{path}: no such file")
-    rows = []
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if line.strip():
-                rows.append(_parse_row(line, f"{path} line {number}"))
-    if not rows:
-        raise SftDataError(f"{path}: no rows (an empty file); write it with `aitlrt trajectories`")
-    return rows
-
-
-def _parse_row(line: str, where: str) -> dict[str, list[dict[str, str]]]:
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise SftDataError(f"{where}: not JSON ({exc.msg} at column {exc.colno})") from None
-    if not isinstance(row, dict):
-        raise SftDataError(f"{where}: a JSON object with 'prompt' and 'completion' expected")
-    prompt = _messages(row.get("prompt"), where, "prompt")
-    if not prompt:
-        raise SftDataError(f"{where}: 'prompt' is empty")
-    completion = _messages(row.get("completion"), where, "completion")
-    if len(completion) != 1 or completion[0]["role"] != "assistant" or not completion[0]["content"].strip():
-        raise SftDataError(f"{where}: no assistant completion ('completion' must be one non-empty assistant message)")
-    return {"prompt": prompt, "completion": completion}
-
-
-def _messages(value: object, where: str, key: str) -> list[dict[str, str]]:
-    if not isinstance(value, list):
-        raise SftDataError(f"{where}: '{key}' must be a list of chat messages, got {type(value).__name__}")
-    out = []
-    for k, message in enumerate(value):
-        if (
-            not isinstance(message, dict)
-            or message.get("role") not in ROLES
-            or not isinstance(message.get("content"), str)
-        ):
-            raise SftDataError(
-                f"{where}: '{key}' message {k} must have a role in {ROLES} and string content, got {message!r:.120}"
-            )
-        out.append({"role": message["role"], "content": message["content"]})
-    return out
-
-
-def row_tokens(row: dict[str, list[dict[str, str]]], tokenizer: PreTrainedTokenizerBase) -> int:
+def row_tokens(row: ChatRow, tokenizer: PreTrainedTokenizerBase) -> int:
     """Tokens of prompt + completion under the chat template, as ``SFTTrainer`` tokenizes the row."""
     encoded = tokenizer.apply_chat_template(row["prompt"] + row["completion"], tokenize=True, return_dict=True)
     return len(cast("BatchEncoding", encoded)["input_ids"])
 
 
-def fitting_rows(
-    rows: list[dict[str, list[dict[str, str]]]], tokenizer: PreTrainedTokenizerBase, max_length: int
-) -> tuple[list[dict[str, list[dict[str, str]]]], int]:
+def fitting_rows(rows: list[ChatRow], tokenizer: PreTrainedTokenizerBase, max_length: int) -> tuple[list[ChatRow], int]:
     """The rows of at most ``max_length`` tokens and how many were longer (logged): trl truncates the end of a row,
     which is its completion; ``SftDataError`` when none fits."""
     kept = [row for row in rows if row_tokens(row, tokenizer) <= max_length]
@@ -246,7 +188,7 @@ class CompletionHeadSFTTrainer(SFTTrainer):
 
 
 def sft_trainer(
-    rows: list[dict[str, list[dict[str, str]]]],
+    rows: list[ChatRow],
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     config: SFTConfig,
@@ -261,46 +203,45 @@ def sft_trainer(
             "aitlrt sft trains on the applied answer only (completion_only_loss): the prompt holds the agent's "
             "few-shot and earlier assistant turns, which assistant_only_loss or a full-sequence loss would train on"
         )
-    return CompletionHeadSFTTrainer(
+    trainer = CompletionHeadSFTTrainer(
         model=model,
         args=config,
         train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,
         peft_config=peft_config,
     )
+    stops = stop_token_ids(tokenizer, model)
+    dataset = cast("Dataset", trainer.train_dataset)
+    trainer.train_dataset = dataset.map(lambda row: {"labels": end_at_stop_token(row["labels"], stops)})
+    return trainer
 
 
-class MetricsFile(TrainerCallback):
-    """Appends every log entry (loss, learning rate, cumulative tokens, ...) with its step and elapsed seconds to a
-    JSONL file as training goes; keeps the last token count and when it was reached."""
+def stop_token_ids(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> set[int]:
+    """The tokens the sampler stops at: the tokenizer's end of sequence and the model's generation config's (vLLM
+    stops at both): SmolLM2's and Qwen's ``<|im_end|>``."""
+    configured = getattr(model.generation_config, "eos_token_id", None)
+    ids = configured if isinstance(configured, list) else [configured]
+    return {int(i) for i in [tokenizer.eos_token_id, *ids] if i is not None}
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.started = time.monotonic()
-        self.tokens = 0
-        self.tokens_at_s = 0.0
 
-    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
-        self.started = time.monotonic()
-        if state.is_world_process_zero:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.write_text("")
-            log.info("%d optimizer steps; metrics: %s", state.max_steps, self.path)
-
-    def on_log(
-        self,
-        args: TrainingArguments,
-        state: TrainerState,
-        control: TrainerControl,
-        logs: dict[str, float] | None = None,
-        **kw: Any,
-    ) -> None:
-        elapsed = time.monotonic() - self.started
-        if logs and "num_tokens" in logs:
-            self.tokens, self.tokens_at_s = int(logs["num_tokens"]), elapsed
-        if state.is_world_process_zero and logs:
-            with self.path.open("a") as out:
-                out.write(json.dumps({"step": state.global_step, "elapsed_s": round(elapsed, 3), **logs}) + "\n")
+def end_at_stop_token(labels: list[int], stops: set[int]) -> list[int]:
+    """``labels`` with each run of trained tokens ending at its last stop token (``stop_token_ids``, included): the
+    chat template writes a newline after ``<|im_end|>`` that the sampler never emits (it stops at ``<|im_end|>``),
+    so training it would teach the policy a token it never samples (D12). A run without a stop token is kept."""
+    out = list(labels)
+    start = 0
+    while start < len(out):
+        if out[start] == -100:
+            start += 1
+            continue
+        end = start
+        while end < len(out) and out[end] != -100:
+            end += 1
+        last = max((k for k in range(start, end) if out[k] in stops), default=None)
+        if last is not None:
+            out[last + 1 : end] = [-100] * (end - last - 1)
+        start = end
+    return out
 
 
 def train_sft(script: SftScriptArguments, config: WarmStartSFTConfig, model_args: ModelConfig) -> SftResult:
@@ -329,8 +270,8 @@ def train_sft(script: SftScriptArguments, config: WarmStartSFTConfig, model_args
         freeze_lower_layers(model, config.freeze_layers)
     trainer = sft_trainer(kept, model, tokenizer, config, peft_config)
     _refuse_sharded(trainer)
-    metrics = MetricsFile(out_dir / METRICS_FILE)
-    trainer.add_callback(metrics)
+    use_step_table(trainer, SFT_COLUMNS, key="loss")  # one progress display: the table apart from the bar
+    trainer.add_callback(MetricsLog(out_dir / METRICS_FILE))
     lora = peft_config is not None
     log.info(
         "fine-tuning %s (%s) on %d rows of %s",
@@ -345,7 +286,9 @@ def train_sft(script: SftScriptArguments, config: WarmStartSFTConfig, model_args
     )
     output = trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
     history = trainer.state.log_history
-    losses = [entry["loss"] for entry in history if "loss" in entry]
+    losses = [entry[names.LOSS] for entry in history if names.LOSS in entry]
+    tokens = next((int(entry[names.NUM_TOKENS]) for entry in reversed(history) if names.NUM_TOKENS in entry), 0)
+    seconds = output.metrics["train_runtime"]
     if not all(math.isfinite(loss) for loss in losses):
         raise FloatingPointError(f"aitlrt sft: non-finite training loss {losses}; nothing saved")
     _save_full_model(trainer, tokenizer, out_dir, base_config)
@@ -356,9 +299,9 @@ def train_sft(script: SftScriptArguments, config: WarmStartSFTConfig, model_args
         steps=trainer.state.global_step,
         losses=losses,
         train_loss=output.training_loss,
-        tokens=metrics.tokens,
-        seconds=output.metrics["train_runtime"],
-        tokens_per_s=metrics.tokens / metrics.tokens_at_s if metrics.tokens_at_s > 0 else 0.0,
+        tokens=tokens,
+        seconds=seconds,
+        tokens_per_s=tokens / seconds if seconds > 0 else 0.0,
         lora=lora,
     )
     if trainer.accelerator.is_main_process:

@@ -36,9 +36,10 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from aitlrt.common.shared_prefix import prefix_batches
 from aitlrt.rollout.agents import AgentExit
 from aitlrt.tasks.task import task_from_row
+from aitlrt.training.batching import micro_batches, row_tokens
 from aitlrt.training.config import AgentGRPOConfig
 from aitlrt.training.rows import Row
-from aitlrt.training.trainer import AgentGRPOTrainer, micro_batches, row_tokens
+from aitlrt.training.trainer import AgentGRPOTrainer
 
 
 class CountingAgent:
@@ -173,7 +174,7 @@ def dynamic_main(repo: str, out: str) -> None:
         max_sampling_rounds=2,
         vllm_importance_sampling_correction=False,
     )
-    trainer._connect = lambda: None  # type: ignore[method-assign]
+    trainer.server.connect = lambda: None  # type: ignore[method-assign]
     trainer.weight_version = 0
     rank, rounds = trainer.accelerator.process_index, itertools.count()
 
@@ -194,7 +195,7 @@ def dynamic_main(repo: str, out: str) -> None:
         made = enumerate(patches)
         return [RolloutOutcome(f"r{rank}{i}", "t", "ok", "", p, 1, 0, 2, "", trace=trace) for i, p in made]
 
-    trainer._rollouts = rollouts  # type: ignore[method-assign]
+    trainer.collector.rollouts = rollouts  # type: ignore[method-assign]
     snapshots = [[p.detach().clone() for p in trainer.model.parameters()]]
 
     class Snapshot(TrainerCallback):
@@ -234,7 +235,7 @@ def update_main(repo: str, out: str, accumulation: str, lora: str, precision: st
         vllm_importance_sampling_correction=False,
         **({"bf16": False} if precision == "fp32" else {}),  # else trl's default: bf16 where the GPU has it
     )
-    trainer._connect = lambda: None  # type: ignore[method-assign]
+    trainer.server.connect = lambda: None  # type: ignore[method-assign]
     trainer.weight_version = 0
     rank, tokens = trainer.accelerator.process_index, itertools.count()
 
@@ -259,7 +260,7 @@ def update_main(repo: str, out: str, accumulation: str, lora: str, precision: st
             made.append(RolloutOutcome(f"r{rank}{i}", "t", "ok", "", patch, 1, 0, len(trace), "", trace=trace))
         return made
 
-    trainer._rollouts = rollouts  # type: ignore[method-assign]
+    trainer.collector.rollouts = rollouts  # type: ignore[method-assign]
     trainer.train()
     sent = host_state_dict(trainer)  # every rank: under ZeRO-3 the others join the main process's gathers
     probe = policy_logprobs(trainer, [3, 14, 15, 92, 65, 35])  # the weight probe's forward: collective under ZeRO-3
@@ -293,7 +294,7 @@ def micro_batch_main(repo: str, out: str, loss_type: str, budget: str) -> None:
 
     trainer._get_per_token_logps_and_entropies = counted  # type: ignore[method-assign]
     rows, owners = micro_rows(rollouts)
-    batch = trainer._batch(rows, owners, [MICRO_ADVANTAGES[r] for r in rollouts], "train")[0]
+    batch = trainer.builder.build(rows, owners, [MICRO_ADVANTAGES[r] for r in rollouts])[0]
     if trainer._shared_prefix():  # the rank's own micro-batches, before padding passes
         own = len(prefix_batches(row_tokens(batch), int(budget)))
     else:

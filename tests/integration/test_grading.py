@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from aitlrt.rewards import builtin
-from aitlrt.rewards.builtin import REWARDS, grade_rollouts
+from aitlrt.rewards import runtime
+from aitlrt.rewards.builtin import REWARDS
+from aitlrt.rewards.inputs import rows_of
+from aitlrt.rewards.runtime import grade_rollouts
 from aitlrt.tasks.grading import grade
 from aitlrt.tasks.loader import load_tasks
 from aitlrt.tasks.sandbox import OUTPUT_TAIL, local_isolation, run_sandboxed
@@ -83,7 +85,7 @@ def test_webargs_tasks_gold_empty_and_breaking_patches(webargs):
     # keeping tests green pays only an edit: the no-ops score 0, below the breaking edits, below the fixes
     assert scores["edit_tests_pass_fraction"] == [1.0] * 4 + [0.0] * 4 + scores["tests_pass_fraction"][8:]
     assert all(0.0 < f < 1.0 for f in scores["edit_tests_pass_fraction"][8:])
-    grades = grade_rollouts(cols)
+    grades = grade_rollouts(rows_of(cols))
     for g, task in zip(grades[8:], tasks, strict=True):  # the fix works, but another test breaks
         assert g.status == "unresolved" and g.f2p_passed == g.f2p_total == len(task.fail_to_pass)
         assert g.p2p_passed < g.p2p_total
@@ -97,18 +99,18 @@ def test_failed_rollouts_and_bad_patches_score_zero_with_a_reason(webargs):
     cols = _columns([task] * 3, [task.patch, garbage, task.patch], ["timeout", "ok", "crashed"])
     scores = _rewards(cols)
     assert all(v == [0.0, 0.0, 0.0] for v in scores.values()), scores
-    grades = grade_rollouts(cols)
+    grades = grade_rollouts(rows_of(cols))
     assert grades[0].status == "agent_failed" and "timeout" in grades[0].reason
     assert grades[1].status == "patch_failed" and "does not apply" in grades[1].reason
 
 
 def test_a_hung_apply_check_counts_as_not_applying(webargs, monkeypatch, caplog):
     task = webargs[0][0]
-    assert builtin.applies(task, task.patch)
-    monkeypatch.setattr(builtin, "APPLY_TIMEOUT_S", 1e-6)  # git is killed before it can answer
+    assert runtime.applies(task, task.patch)
+    monkeypatch.setattr(runtime, "APPLY_TIMEOUT_S", 1e-6)  # git is killed before it can answer
     monkeypatch.setattr(logging.getLogger("aitlrt"), "propagate", True)  # setup_logging() may have turned it off
-    with caplog.at_level("WARNING", logger=builtin.__name__):
-        assert not builtin.applies(task, task.patch)
+    with caplog.at_level("WARNING", logger=runtime.__name__):
+        assert not runtime.applies(task, task.patch)
     assert "counts as not applying" in caplog.text and task.instance_id in caplog.text
 
 
@@ -123,7 +125,7 @@ def test_swebench_task_from_an_sdist_marshmallow_1343(data_dir):
     scores = _rewards(cols)
     assert scores["tests_pass"] == [1.0, 0.0, 0.0]
     assert scores["non_empty_patch"] == [1.0, 0.0, 1.0]
-    gold, empty, broken = grade_rollouts(cols)
+    gold, empty, broken = grade_rollouts(rows_of(cols))
     assert (gold.f2p_passed, gold.p2p_passed) == (1, 24) == (gold.f2p_total, gold.p2p_total)
     assert empty.f2p_passed == 0 and empty.p2p_passed == 24
     assert broken.f2p_passed == 1 and broken.p2p_passed < 24
@@ -199,19 +201,19 @@ def test_early_grading_grades_each_rollout_once_and_the_rewards_reuse_it(webargs
     """``EarlyGrader`` (the trainer's grading as each rollout ends): the reward call that follows, made while the
     early grades still run, waits for them; tests_pass and tests_pass_fraction run no test again."""
     tasks, _ = webargs
-    monkeypatch.setattr(builtin, "_grades", {})
+    monkeypatch.setattr(runtime, "_grades", {})
     runs: list[str] = []
-    real = builtin.grade
+    real = runtime.grade
 
     def counted(task, patch, timeout):
         runs.append(task.instance_id)
         return real(task, patch, timeout)
 
-    monkeypatch.setattr(builtin, "grade", counted)
+    monkeypatch.setattr(runtime, "grade", counted)
     cols = _columns(tasks[:2], [t.patch for t in tasks[:2]])
-    grader = builtin.EarlyGrader()
+    grader = runtime.EarlyGrader()
     try:
-        for row in builtin._columns(2, cols):
+        for row in rows_of(cols):
             grader.submit(row)
         scores = _rewards(cols)
     finally:

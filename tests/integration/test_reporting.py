@@ -10,9 +10,12 @@ from types import SimpleNamespace
 import pytest
 
 from aitlrt.evaluation.checkpoints import CheckpointResult, write_results
-from aitlrt.report.html import diff_lines, read_metrics, render, write_run_report
+from aitlrt.report import metric_names as names
+from aitlrt.report.html import diff_lines, render, write_run_report
+from aitlrt.report.metrics_file import read_metrics
 from aitlrt.report.metrics_log import MetricsLog
 from aitlrt.rollout.batch import Batch
+from aitlrt.rollout.record import RolloutRecord, read_rollouts, write_rollouts
 from aitlrt.rollout.runner import RolloutOutcome
 from aitlrt.tasks.task import task_from_row
 from tests.helpers.multirank_run import tiny_trainer
@@ -37,21 +40,21 @@ def test_step_metrics_reach_wandb_offline(scripted_upstream, start_proxy, make_r
 
     wandb.finish()
     (record,) = list(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
-    names = [
-        "rewards/calls_reward/median",
-        "rollouts/calls_mean",
-        "zero_variance_groups",
-        "time/rollouts_s",
-        "rows/count",
-        "weight_version",
+    expected = [
+        names.reward_stat("calls_reward", "median"),
+        names.CALLS_MEAN,
+        names.ZERO_VARIANCE_GROUPS,
+        names.TIME_ROLLOUTS,
+        names.ROWS,
+        names.WEIGHT_VERSION,
     ]
     deadline = time.monotonic() + 60  # wandb's service process writes the run file after finish() returns
-    while not all(n.encode() in record.read_bytes() for n in names) and time.monotonic() < deadline:
+    while not all(n.encode() in record.read_bytes() for n in expected) and time.monotonic() < deadline:
         time.sleep(0.5)
-    missing = [n for n in names if n.encode() not in record.read_bytes()]
+    missing = [n for n in expected if n.encode() not in record.read_bytes()]
     assert not missing, missing
     logged = trainer.state.log_history[0]
-    assert logged["rollouts/calls_mean"] == 1.5 and logged["rows/count"] == 6  # 1- and 2-call rollouts, alternately
+    assert logged[names.CALLS_MEAN] == 1.5 and logged[names.ROWS] == 6  # 1- and 2-call rollouts, alternately
 
 
 # ---- metrics.jsonl and the run report (no browser: tests/integration/test_report_browser.py loads it in one) ----
@@ -68,11 +71,14 @@ def test_metrics_log_appends_each_log_and_restarts_with_the_run(tmp_path):
         MetricsLog(path).on_log(None, _state(step, main=False), None, logs={"reward": 9.0})  # other ranks: nothing
     log.on_log(None, _state(3), None, logs={"train_runtime": 12.5})
     lines = path.read_text().splitlines()
-    assert json.loads(lines[0]) == {"reward": 0.1, "loss": None, "step": 1}  # NaN as null: strict JSON
+    first = json.loads(lines[0])
+    assert first == {"reward": 0.1, "loss": None, "step": 1, "elapsed_s": first["elapsed_s"]}  # NaN: null
     assert [e["step"] for e in map(json.loads, lines)] == [1, 2, 3, 3]
+    assert 0 <= first["elapsed_s"] <= json.loads(lines[-1])["elapsed_s"] < 60
     with open(path, "a") as fh:
         fh.write('{"reward": 0.5, "st')  # a run killed mid-write
-    assert read_metrics(path)[-1] == {"reward": 0.3, "loss": None, "step": 3, "train_runtime": 12.5}
+    last = read_metrics(path)[-1]
+    assert last == {"reward": 0.3, "loss": None, "step": 3, "train_runtime": 12.5, "elapsed_s": last["elapsed_s"]}
 
     log.on_train_begin(None, _state(2), None)  # resumed at step 2: steps 3+ will be logged again
     assert [e["step"] for e in read_metrics(path)] == [1, 2]
@@ -89,9 +95,9 @@ def test_diff_lines_are_classed_by_their_hunk_headers():
     assert kinds == ["meta", "meta", "hunk", "del", "add", "ctx", "meta", "meta", "hunk", "add", "meta"]
 
 
-def _rollout(step: int, patch: str, tests: float, **extra) -> dict:
-    return {"step": step, "rollout_id": f"r{step}", "instance_id": "t-1", "status": "ok", "patch": patch,
-            "rewards": {"tests_pass": tests, "patch_similarity": 0.5}, "conversation": [], **extra}  # fmt: skip
+def _rollout(step: int, patch: str, tests: float, **extra) -> RolloutRecord:
+    return RolloutRecord(step=step, rollout_id=f"r{step}", instance_id="t-1", status="ok", patch=patch,
+                         rewards={"tests_pass": tests, "patch_similarity": 0.5}, **extra)  # fmt: skip
 
 
 def test_the_report_renders_whatever_part_of_a_run_there_is(tmp_path):
@@ -118,7 +124,7 @@ def test_the_report_renders_whatever_part_of_a_run_there_is(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a training run"):
         write_run_report(tmp_path)
     (tmp_path / "heldout").mkdir()
-    (tmp_path / "heldout" / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in heldout))
+    write_rollouts(tmp_path / "heldout" / "rollouts.jsonl", heldout)
     assert write_run_report(tmp_path).read_text().count('class="checkpoints"') == 1
 
 
@@ -142,6 +148,12 @@ def test_eval_results_carry_the_oracle_and_render_as_a_before_after_table(tmp_pa
         ("before", oracle, 0.0),
         ("after", oracle, 2.5),
     ]
+    assert set(records[0]) == {  # as before the record was typed: the runner's summary and the report's fields
+        *("rollout_id", "task_id", "status", "reason", "patch", "calls", "failed_calls", "completion_tokens"),
+        *("log_tail", "timings", "call_times", "checkpoint", "instance_id", "oracle_patch", "step", "conversation"),
+        *("rewards", "reward"),
+    }
+    assert read_rollouts(rollouts)[1].reward == 2.5
     page = report.read_text()
     assert page.count("<details>") == 2 and '<tr data-checkpoint="after">' in page
     assert '<td data-metric="resolve rate">1.000</td>' in page and '<div class="dl add">+b</div>' in page

@@ -21,7 +21,7 @@ def test_probe_writes_the_sidecar_the_curriculum_draws_from(served, tmp_path):
     tasks.write_text("".join(lines))
     ids = [json.loads(line)["instance_id"] for line in lines]
     sidecar = tmp_path / "tasks.jsonl.difficulty.jsonl"
-    before = TaskDifficulty("probed-before", 4, 1.0, 1.0, 1.0, "another model", "2026-11-24T00:00:00Z")
+    before = TaskDifficulty("probed-before", 40, 1.0, 1.0, 1.0, "another model", "2026-11-24T00:00:00Z")
     write_difficulty(sidecar, [before])  # kept by --merge
     cmd = [
         sys.executable,

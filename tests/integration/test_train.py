@@ -36,11 +36,14 @@ class Recording(AgentGRPOTrainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.outcomes, self.batches = [], []
+        plain = self.collector.rollouts
 
-    def _rollouts(self, inputs, step=None):
-        outcomes = super()._rollouts(inputs, step)
-        self.outcomes.append(outcomes)
-        return outcomes
+        def rollouts(inputs, step=None):
+            outcomes = plain(inputs, step)
+            self.outcomes.append(outcomes)
+            return outcomes
+
+        self.collector.rollouts = rollouts
 
     def _generate_and_score_completions(self, inputs):
         batch = super()._generate_and_score_completions(inputs)

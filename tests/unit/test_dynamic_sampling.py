@@ -5,12 +5,11 @@ with none informative the update is skipped (no forward, no backward, no weight 
 from __future__ import annotations
 
 import itertools
-import json
 
 import torch
 
 from aitlrt.rollout.runner import RolloutOutcome
-from aitlrt.training.trainer import informative_groups
+from aitlrt.training.collector import informative_groups
 from tests.helpers.multirank_run import tiny_trainer
 
 
@@ -47,7 +46,7 @@ def make_trainer(tmp_path, **config):
         "http://127.0.0.1:1", str(tmp_path), str(tmp_path / "run"), reward_funcs=[by_patch], **{**settings, **config}
     )
     t.weight_version = 0
-    t._connect = lambda: None
+    t.server.connect = lambda: None
     t.model.train()
     t.current_gradient_accumulation_steps = 1
     return t
@@ -61,7 +60,7 @@ def scripted(trainer, rounds: list[list[str]]) -> list[list[dict]]:
         seen.append(inputs)
         return [outcome(i, p) for i, p in zip(itertools.count(), next(script), strict=False)]
 
-    trainer._rollouts = rollouts
+    trainer.collector.rollouts = rollouts
     return seen
 
 
@@ -83,7 +82,7 @@ def test_zero_variance_groups_are_not_trained_and_rounds_stop_at_the_first_infor
     assert trained == [[5, 6], [6, 6]], "only the informative group's two rollouts (ids 5+i) are trained"
     m = trainer._metrics["train"]
     assert m["sampling/groups"] == [4] and m["sampling/informative_groups"] == [1] and m["sampling/rounds"] == [2]
-    assert m["sampling/skipped_update"] == [0] and not trainer._skip_update
+    assert m["sampling/skipped_update"] == [0] and not trainer.ctx.skip_update
     assert m["zero_variance_groups"] == [3]
     records = [line for line in (tmp_path / "run" / "rollouts" / "step_0000.jsonl").read_text().splitlines()]
     assert len(records) == 8 and sum('"informative": true' in r for r in records) == 2
@@ -100,6 +99,7 @@ def test_min_informative_groups_keeps_sampling_up_to_the_round_cap(tmp_path):
 
 def test_no_informative_group_skips_the_update_without_forward_or_weight_change(tmp_path):
     trainer = make_trainer(tmp_path, max_sampling_rounds=2)
+    trainer.create_optimizer_and_scheduler(num_training_steps=1)
     seen = scripted(trainer, [[""] * 4, ["good"] * 4])
     forwards = 0
     forward = trainer._get_per_token_logps_and_entropies
@@ -112,22 +112,22 @@ def test_no_informative_group_skips_the_update_without_forward_or_weight_change(
     trainer._get_per_token_logps_and_entropies = counted
     before = [p.detach().clone() for p in trainer.model.parameters()]
     loss = trainer.training_step(trainer.model, [dict(trainer.train_dataset[0]) for _ in range(4)], None)
-    assert len(seen) == 2 and trainer._skip_update
+    assert len(seen) == 2 and trainer.ctx.skip_update
     assert loss.item() == 0.0 and forwards == 0
     assert all(p.grad is None for p in trainer.model.parameters()), "no backward: the optimizer has nothing to apply"
-    trainer.optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=1.0)
+    assert trainer._get_grad_norm(trainer.model, trainer._clip_grad_norm(trainer.model)) == 0.0
     trainer.optimizer.step()
     assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))
     m = trainer._metrics["train"]
     assert m["sampling/skipped_update"] == [1] and m["sampling/informative_groups"] == [0]
-    assert not trainer._weights_changed, "nothing to sync after a skipped update"
+    assert not trainer.server.weights_changed, "nothing to sync after a skipped update"
 
 
 def test_an_informative_step_runs_the_update(tmp_path):
     trainer = make_trainer(tmp_path)
     scripted(trainer, [["good", "", "", ""]])
     trainer.training_step(trainer.model, [dict(trainer.train_dataset[0]) for _ in range(4)], None)
-    assert not trainer._skip_update and trainer._weights_changed
+    assert not trainer.ctx.skip_update and trainer.server.weights_changed
     # On-policy, GRPO's loss value of two equally long rollouts of advantages +a and -a is 0: the gradient is not.
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in trainer.model.parameters())
 
@@ -139,24 +139,64 @@ def test_the_trainer_draws_tasks_and_extra_rounds_by_the_difficulty_sidecar(tmp_
         return by_patch(prompts, completions)
 
     sidecar = tmp_path / "tasks.difficulty.jsonl"
-    write_difficulty(sidecar, [TaskDifficulty("task-0", 4, 1.5, 1.0, 1.0, "m", "t")])  # always solved
+    write_difficulty(sidecar, [TaskDifficulty("task-0", 40, 1.5, 1.0, 1.0, "m", "t")])  # always solved, 40 times
     trainer = make_trainer(tmp_path, task_difficulty_file=str(sidecar), max_sampling_rounds=1)
     trainer.reward_funcs, trainer.reward_func_names = [tests_pass], ["tests_pass"]
     drawn = [row["instance_id"] for batch in trainer.get_train_dataloader() for row in batch]
     assert len(drawn) >= 4 and set(drawn) == {"task-1"}, "an always-solved task is never drawn"
-    assert {row["instance_id"] for row in trainer._more_inputs(4, 2, [])} == {"task-1"}
-    # Online update from the training rollouts: task-1's group all solved (drops out), task-0's all failed.
+    assert {row["instance_id"] for row in trainer.collector.more_inputs(4, 2, [])} == {"task-1"}
+    # Online update from the training rollouts' weighted rewards: task-1's group all solved, task-0's all failed.
+    curriculum = trainer.collector.curriculum
+    assert curriculum is not None
     scripted(trainer, [["good", "good", "", ""]])
     inputs = [dict(trainer.train_dataset[i]) for i in (1, 1, 0, 0)]
     trainer._generate_and_score_completions(inputs)
-    assert trainer._curriculum is not None and trainer._curriculum.weights == [1.0, 0.0]
+    learned = curriculum.state_dict()["estimates"]
+    assert set(learned) == {"task-0", "task-1"}, "each group updated its task's estimate"
     # A checkpoint keeps what the curriculum learned online; a run resumed from it goes on from there.
     trainer.create_optimizer_and_scheduler(num_training_steps=1)
     trainer.state.global_step = 1
     trainer._save_checkpoint(trainer.model, trial=None)
     saved = tmp_path / "run" / "checkpoint-1"
-    assert json.loads((saved / "curriculum.json").read_text())["rates"] == {"task-0": 0.0, "task-1": 1.0}
+    assert (saved / "curriculum.json").is_file()
     again = make_trainer(tmp_path, task_difficulty_file=str(sidecar), max_sampling_rounds=1)
+    again.reward_funcs, again.reward_func_names = [tests_pass], ["tests_pass"]
     again._load_from_checkpoint(str(saved))
-    drawn = [row["instance_id"] for batch in again.get_train_dataloader() for row in batch]
-    assert set(drawn) == {"task-0"}, "task-1, solved during the first run, is not drawn after the resume"
+    again.get_train_dataloader()
+    assert again.collector.curriculum is not None and again.collector.curriculum.state_dict()["estimates"] == learned
+
+
+def test_uninformative_steps_run_no_forward_and_no_optimizer_step_from_a_runs_first_micro_step(tmp_path, monkeypatch):
+    """The skip holds whatever mode the model is in when a micro-step starts (eval at a run's first micro-step, as
+    after an evaluation): no forward, no optimizer step (fp16's grad scaler fails on an optimizer without
+    gradients), a gradient norm of 0, and the LR schedule advances as the steps count."""
+    trainer = make_trainer(tmp_path, max_sampling_rounds=1, max_steps=2, lr_scheduler_type="linear")
+    scripted(trainer, [[""] * 4, [""] * 4])
+    forwards, steps = [], []
+    forward = trainer._get_per_token_logps_and_entropies
+    trainer._get_per_token_logps_and_entropies = lambda *a, **k: forwards.append(1) or forward(*a, **k)
+    adamw_step = torch.optim.AdamW.step
+    monkeypatch.setattr(torch.optim.AdamW, "step", lambda self, *a, **k: steps.append(1) or adamw_step(self, *a, **k))
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.model.eval()
+    trainer.train()
+    assert forwards == [] and steps == [], "an uninformative step trains nothing"
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))
+    assert [e["grad_norm"] for e in trainer.state.log_history if "grad_norm" in e] == [0.0, 0.0]
+    assert trainer.lr_scheduler.last_epoch == 2
+
+
+def test_rows_per_rollout_counts_the_trained_rollouts_and_staleness_the_updates_the_server_lacks(tmp_path):
+    """``rows/per_rollout`` is over the rollouts the rows came from (not every round's); under ``weight_sync: none``
+    the server keeps the initial weights, so the second step's rows lag the first update."""
+    trainer = make_trainer(tmp_path, max_sampling_rounds=2)
+    trainer.create_optimizer_and_scheduler(num_training_steps=2)
+    scripted(trainer, [[""] * 4, ["good", "", "half", "half"], ["good", "", "", "good"]])
+    inputs = [dict(trainer.train_dataset[0]) for _ in range(4)]
+    trainer.training_step(trainer.model, inputs, None)  # 8 rollouts in 2 rounds, 2 trained: one row each
+    m = trainer._metrics["train"]
+    assert m["rows/count"] == [2] and m["rows/per_rollout"] == [1.0]
+    trainer.optimizer.step()
+    trainer.state.global_step = 1
+    trainer.training_step(trainer.model, inputs, None)
+    assert m["staleness/max"] == [0.0, 1.0] and m["staleness/0"] == [1.0, 0.0]

@@ -15,19 +15,20 @@ RECIPE = str(Path(__file__).resolve().parents[2] / "configs" / "cpu_demo.yaml")
 def test_a_training_config_sets_evals_defaults():
     args = parse(["eval", "--tasks", "t.jsonl", "--config", RECIPE])
     assert (args.agent, args.edit_format, args.aider_reminder) == ("aider-warm", "diff", "none")
-    assert (args.max_calls, args.context_window, args.timeout, args.concurrency) == (1, 6144, 300, 4)
-    assert (args.max_tokens, args.temperature, args.top_p, args.top_k) == (256, 0.7, 0.95, -1)
+    knobs = (args.rollout_max_calls, args.context_window, args.rollout_timeout_s, args.rollout_concurrency)
+    assert knobs == (1, 6144, 300, 4)
+    assert (args.max_completion_length, args.temperature, args.top_p, args.top_k) == (256, 0.7, 0.95, 0)
     assert args.serve_args == "--enforce-eager --max-model-len 6144"
     assert args.rewards == (
         "tests_pass=1,patch_similarity=0,non_empty_patch=0,tests_pass_fraction=0,unbroken_patch_similarity=0,"
         "edit_tests_pass_fraction=0,anchored_change=0,finished_answers=0,changed_lines_similarity=0.5"
     )
-    assert not args.fresh_workspaces and args.seed == 0
+    assert args.recycle_workspaces and args.seed == 0
 
 
 def test_flags_given_win_over_the_config():
     args = parse(["eval", "--tasks", "t.jsonl", "--temperature", "1.0", "--config", RECIPE, "--max-calls", "3"])
-    assert (args.temperature, args.max_calls, args.top_p) == (1.0, 3, 0.95)  # 1.0 is also eval's own default
+    assert (args.temperature, args.rollout_max_calls, args.top_p) == (1.0, 3, 0.95)  # 1.0 is also eval's own default
     plain = parse(["eval", "--tasks", "t.jsonl"])
     assert (plain.temperature, plain.top_p, plain.edit_format, plain.config) == (1.0, 1.0, "whole", None)
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from aitlrt.rollout.agents import AgentExit
-from aitlrt.rollout.runner import RolloutOutcome, infrastructure_failure, judge
+from aitlrt.rollout.runner import RolloutOutcome, judge
+from aitlrt.rollout.status import infrastructure_failure
 from aitlrt.training.advantages import group_advantages
 from aitlrt.training.failures import UnscorableSteps, UnscorableStepsError
 from tests.helpers.multirank_run import tiny_trainer
@@ -82,7 +83,7 @@ def crafted_trainer(tmp_path, *reward_funcs, **config):
     out = str(tmp_path / "run")
     t = tiny_trainer("http://127.0.0.1:1", str(tmp_path), out, reward_funcs=list(reward_funcs), **settings, **config)
     t.weight_version = 0
-    t._connect = lambda: None
+    t.server.connect = lambda: None
     return t
 
 
@@ -99,7 +100,7 @@ def test_an_infrastructure_failure_leaves_the_baseline_and_a_timeout_scores_0(tr
         outcome(2, "agent_error", "", server_died),  # scored 0 by the function, made NaN by the trainer
         outcome(3, "ok", "half", [call(0)]),
     ]
-    trainer._rollouts = lambda inputs: outcomes
+    trainer.collector.rollouts = lambda inputs: outcomes
     inputs = [dict(trainer.train_dataset[0]) for _ in outcomes]
     batch = trainer._generate_and_score_completions(inputs)
 
@@ -117,7 +118,7 @@ def test_an_infrastructure_failure_leaves_the_baseline_and_a_timeout_scores_0(tr
 
 def test_reward_std_ignores_unscorable_rollouts_and_is_nan_without_two_scorable(trainer):
     outcomes = [outcome(0, "ok", "good", [call(0)])] + [outcome(i, "agent_error", "", []) for i in range(1, 4)]
-    trainer._rollouts = lambda inputs: outcomes
+    trainer.collector.rollouts = lambda inputs: outcomes
     trainer._generate_and_score_completions([dict(trainer.train_dataset[0]) for _ in outcomes])
     metrics = trainer._metrics["train"]
     assert metrics["rollouts/unscorable"] == [3] and metrics["reward"] == [1.0]
@@ -143,10 +144,10 @@ def test_a_raising_reward_makes_its_rollouts_unscorable_not_a_crash(tmp_path):
     trainer = crafted_trainer(tmp_path, by_patch, raising)
     trainer.args.save_rollouts = True
     outcomes = [outcome(i, "ok", patch, [call(0)]) for i, patch in enumerate(("good", "", "half", ""))]
-    trainer._rollouts = lambda inputs: outcomes
+    trainer.collector.rollouts = lambda inputs: outcomes
     batch = trainer._generate_and_score_completions([dict(trainer.train_dataset[0]) for _ in outcomes])
     metrics = trainer._metrics["train"]
-    assert metrics["rollouts/unscorable"] == [4] and trainer._skip_update  # the run goes on, nothing trained
+    assert metrics["rollouts/unscorable"] == [4] and trainer.ctx.skip_update  # the run goes on, nothing trained
     assert not (batch["completion_mask"] * batch["tool_mask"]).any()
     records = [json.loads(line) for line in (tmp_path / "run" / "rollouts" / "step_0000.jsonl").open()]
     assert all("raising (RuntimeError: the reward's service is down)" in r["unscorable"] for r in records)
@@ -162,7 +163,7 @@ def test_any_nan_reward_makes_the_rollout_unscorable(tmp_path):
     trainer = crafted_trainer(tmp_path, by_patch, graded)
     patches = ("good", "", "env broke", "half")
     outcomes = [outcome(i, "ok", patch, [call(0)]) for i, patch in enumerate(patches)]
-    trainer._rollouts = lambda inputs: outcomes
+    trainer.collector.rollouts = lambda inputs: outcomes
     batch = trainer._generate_and_score_completions([dict(trainer.train_dataset[0]) for _ in outcomes])
     expected, _ = group_advantages(torch.tensor([1.0, 0.0, 0.5]), 3)
     mask = (batch["completion_mask"] * batch["tool_mask"]).bool()
@@ -173,7 +174,7 @@ def test_any_nan_reward_makes_the_rollout_unscorable(tmp_path):
 
 
 def test_grader_side_failures_are_unscorable_and_a_test_timeout_scores_0(monkeypatch):
-    from aitlrt.rewards import builtin
+    from aitlrt.rewards import builtin, runtime
     from aitlrt.tasks.grading import Grade
     from aitlrt.tasks.sources import Source
     from aitlrt.tasks.task import Task
@@ -191,7 +192,7 @@ def test_grader_side_failures_are_unscorable_and_a_test_timeout_scores_0(monkeyp
             raise OSError("sandbox vanished")
         return grades[patch]
 
-    monkeypatch.setattr(builtin, "grade", grade)
+    monkeypatch.setattr(runtime, "grade", grade)
     patches = [*grades, "boom"]
     tasks = [Task(f"grader-{uuid.uuid4().hex}", "fix it", Source("local", "/nowhere")) for _ in patches]
     rows = [
@@ -207,9 +208,9 @@ def test_grader_side_failures_are_unscorable_and_a_test_timeout_scores_0(monkeyp
         assert str(func(**columns)) == str(values), func.__name__  # NaN compares by its text
     one = {key: values[:1] for key, values in columns.items()}  # one row: similarity without the process pool
     assert math.isnan(builtin.unbroken_patch_similarity(**one)[0])
-    assert builtin.grader_failure(rows[0]) == "grade env_failed: pip failed"
-    assert builtin.grader_failure(rows[5]) == "grade grader_error: OSError: sandbox vanished"
-    assert builtin.grader_failure(rows[3]) == ""  # the patch's own timeout
+    assert runtime.grader_failure(rows[0]) == "grade env_failed: pip failed"
+    assert runtime.grader_failure(rows[5]) == "grade grader_error: OSError: sandbox vanished"
+    assert runtime.grader_failure(rows[3]) == ""  # the patch's own timeout
 
 
 def test_unscorable_steps_stop_the_run_naming_the_cause():
@@ -238,7 +239,7 @@ def test_the_curriculum_state_is_in_a_checkpoint_before_older_ones_are_rotated(t
     saves = dict(save_strategy="steps", save_steps=1, save_total_limit=1, save_only_model=True)
     trainer = crafted_trainer(tmp_path, by_patch, task_difficulty_file=str(difficulty), max_staleness=0, **saves)
     outcomes = [outcome(i, "ok", patch, [call(0)]) for i, patch in enumerate(("good", "", "half", ""))]
-    trainer._rollouts = lambda inputs: outcomes
+    trainer.collector.rollouts = lambda inputs: outcomes
     seen, rotate = [], transformers.trainer.rotate_checkpoints
 
     def rotating(output_dir, **kwargs):

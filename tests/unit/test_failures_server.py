@@ -28,7 +28,7 @@ def test_a_dead_or_hung_server_stops_the_run(fault, start_proxy, make_repo, tmp_
         out = tmp_path / "run"
         one_round = dict(per_device_train_batch_size=4, max_sampling_rounds=1, rollout_concurrency=4)
         trainer = tiny_trainer(proxy, repo, str(out), max_steps=10, max_unscorable_steps=2, **one_round)
-        trainer._connect()  # the first step's handshake, while vLLM is up
+        trainer.server.connect()  # the first step's handshake, while vLLM is up
         if fault == "dead":
             upstream.kill()
         else:

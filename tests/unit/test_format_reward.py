@@ -8,7 +8,8 @@ from typing import Any
 from aitlrt.common.git import git
 from aitlrt.rewards.builtin import anchored_change, finished_answers, well_formed_change, well_formed_edit
 from aitlrt.rewards.inputs import reward_row, score
-from aitlrt.rollout.runner import RolloutOutcome, Status
+from aitlrt.rollout.runner import RolloutOutcome
+from aitlrt.rollout.status import Status
 from aitlrt.tasks.task import task_from_row
 from aitlrt.warmstart.oracle import edit_block
 

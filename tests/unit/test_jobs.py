@@ -110,7 +110,8 @@ def test_single_node_four_gpus(tmp_path: Path, config: Path):
     env = exports(cmds)
     assert env["AITLRT_PROJECT_DIR"] == project
     caches = (
-        "AITLRT_HOME HF_HOME PIP_CACHE_DIR UV_CACHE_DIR AITLRT_AIDER_VENV TRITON_CACHE_DIR XDG_CACHE_HOME WANDB_DIR"
+        "AITLRT_HOME HF_HOME PIP_CACHE_DIR UV_CACHE_DIR AITLRT_AIDER_VENV AITLRT_MINISWE_VENV TRITON_CACHE_DIR "
+        "XDG_CACHE_HOME WANDB_DIR"
     )
     for name in caches.split():
         assert env[name].startswith(project + "/"), name
@@ -228,7 +229,7 @@ def test_container_mode(tmp_path: Path, config: Path):
     assert serve[:9] == [*wrap, "env"] and serve[10] == "aitlrt-serve"
     assert train[:9] == [*wrap, "env"] and train[10:12] == ["accelerate", "launch"]
     assert "/opt/aitlrt/src/aitlrt/train.py" in train  # the image's code, matching its packages
-    assert "AITLRT_AIDER_VENV" not in exports(cmds)  # the image's Aider
+    assert "AITLRT_AIDER_VENV" not in exports(cmds) and "AITLRT_MINISWE_VENV" not in exports(cmds)  # the image's
     assert not any(c[:1] == ["bash"] for c in cmds)  # no setup: the image has it
 
 
@@ -869,7 +870,7 @@ def test_apptainer_definition():
     assert copied["pyproject.toml"] == "/opt/aitlrt/src/pyproject.toml" and copied["aitlrt"] == "/opt/aitlrt/src/aitlrt"
     post = "\n".join(sections["post"])
     assert "AITLRT_VLLM=gpu bash /opt/aitlrt/src/jobs/setup.sh" in post
-    for name in ("AITLRT_HOME", "AITLRT_AIDER_VENV", "AITLRT_VENV"):
+    for name in ("AITLRT_HOME", "AITLRT_AIDER_VENV", "AITLRT_MINISWE_VENV", "AITLRT_VENV"):
         assert re.search(rf"\b{name}=/opt/aitlrt/", post), name
         assert any(line.startswith(f"export {name}=") for line in sections["environment"]), name
     # the jobscripts' container mode runs the image's train.py

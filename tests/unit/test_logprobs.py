@@ -16,7 +16,7 @@ ROWS = [
 
 
 def scored(trainer, fn) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-    batch = trainer._batch(ROWS, [0, 1, 2], [1.0, -1.0, 0.5], "train")[0]
+    batch = trainer.builder.build(ROWS, [0, 1, 2], [1.0, -1.0, 0.5])[0]
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
     attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
     model = trainer.model

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import aitlrt.training.trainer as trainer_module
+import aitlrt.training.batch_builder as builder_module
 from aitlrt.training.rows import Row
 from tests.helpers.multirank_run import tiny_trainer
 
@@ -50,8 +50,8 @@ def assert_same(a, b) -> None:
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
 def test_a_rollout_split_into_rows_weighs_as_one_row(trainer, loss_type):
     trainer.loss_type = loss_type
-    whole = loss_and_grads(trainer, trainer._batch(*one_row(), ADVANTAGES, "train")[0])
-    split = loss_and_grads(trainer, trainer._batch(*split_rows(), ADVANTAGES, "train")[0])
+    whole = loss_and_grads(trainer, trainer.builder.build(*one_row(), ADVANTAGES)[0])
+    split = loss_and_grads(trainer, trainer.builder.build(*split_rows(), ADVANTAGES)[0])
     assert whole[0] != 0.0
     assert_same(whole, split)
 
@@ -60,13 +60,13 @@ def test_a_rollout_split_into_rows_weighs_as_one_row(trainer, loss_type):
 def test_padding_rows_change_no_normaliser(trainer, loss_type, monkeypatch):
     trainer.loss_type = loss_type
     rows, owners = split_rows()
-    alone = loss_and_grads(trainer, trainer._batch(rows, owners, ADVANTAGES, "train")[0])
+    alone = loss_and_grads(trainer, trainer.builder.build(rows, owners, ADVANTAGES)[0])
 
-    def another_rank_holds_seven_rows(tensor):  # the row-count gather sees a second rank with 7 rows
-        return torch.cat([tensor, tensor.new_tensor([7])]) if tensor.dim() == 1 and tensor.numel() == 1 else tensor
+    def another_rank_holds_seven_rows(tensor):  # the (rows, rollouts) gather sees a second rank: 7 rows of 4
+        return torch.cat([tensor, tensor.new_tensor([[7, 4]])]) if tensor.shape == (1, 2) else tensor
 
-    monkeypatch.setattr(trainer_module, "gather", another_rank_holds_seven_rows)
-    batch, _ = trainer._batch(rows, owners, ADVANTAGES, "train")
+    monkeypatch.setattr(builder_module, "gather", another_rank_holds_seven_rows)
+    batch, _ = trainer.builder.build(rows, owners, ADVANTAGES)
     assert batch["completion_ids"].size(0) == 7  # 4 padding rows
     assert_same(alone, loss_and_grads(trainer, batch))
 
@@ -80,15 +80,15 @@ def test_kl_term_weighs_tokens_alike_however_rows_split(tmp_path):
     with torch.no_grad():  # move the policy off the reference so that the KL term and its gradient are not zero
         for p in trainer.model.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    whole = loss_and_grads(trainer, trainer._batch(*one_row(), [0.0] * 4, "train")[0])  # the KL term alone
+    whole = loss_and_grads(trainer, trainer.builder.build(*one_row(), [0.0] * 4)[0])  # the KL term alone
     assert whole[0] > 0
-    assert_same(whole, loss_and_grads(trainer, trainer._batch(*split_rows(), [0.0] * 4, "train")[0]))
+    assert_same(whole, loss_and_grads(trainer, trainer.builder.build(*split_rows(), [0.0] * 4)[0]))
 
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
 def test_a_rank_without_rollouts_gets_zero_loss_padding(trainer, loss_type):
     """A step whose groups all lacked reward variance (dynamic sampling skips its update), or a rank with no row."""
     trainer.loss_type = loss_type
-    batch, _ = trainer._batch([], [], [], "train")
+    batch, _ = trainer.builder.build([], [], [])
     assert batch["completion_ids"].size(0) >= 1
     assert not batch["advantages"].any() and int(batch["num_items_in_batch"]) == 0

@@ -9,8 +9,8 @@ import random
 import pytest
 import torch
 
+from aitlrt.training.batching import micro_batches
 from aitlrt.training.rows import Row
-from aitlrt.training.trainer import micro_batches
 
 ADVANTAGES = [1.0, -0.5, 0.25, -1.5]
 LOSS_TYPES = ["dapo", "bnpo", "grpo", "dr_grpo", "sapo", "luspo", "cispo"]
@@ -34,7 +34,7 @@ def run(trainer, budget: int | None) -> tuple[float, list[torch.Tensor], dict, d
     """Loss, gradients, the batch and the metrics logged for one chunk under ``budget``."""
     trainer.args.max_tokens_per_forward = budget
     trainer._metrics["train"].clear()
-    batch = trainer._batch(*crafted_rows(), ADVANTAGES, "train")[0]
+    batch = trainer.builder.build(*crafted_rows(), ADVANTAGES)[0]
     model = trainer.model
     model.zero_grad()
     loss = trainer.compute_loss(model, batch)

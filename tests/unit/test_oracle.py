@@ -426,7 +426,7 @@ def test_the_warm_start_key_changes_with_test_feedback_only():
     from aitlrt.rollout.batch import RolloutSettings
     from aitlrt.warmstart.recipe import cache_key
 
-    plain = RolloutSettings()
+    plain = RolloutSettings(max_calls=None)  # the key pinned when max_calls had no default
     key = cache_key("oracle", [], "/m", plain, ["--epochs", "1"])
     assert key == "81cce311ec457891"  # what the keys were before test feedback: cached warm starts are reused
     assert cache_key("oracle", [], "/m", replace(plain, test_feedback_max_chars=10), ["--epochs", "1"]) == key

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from aitlrt.training import probe
 from aitlrt.training.config import AgentGRPOConfig
@@ -59,6 +60,44 @@ def test_a_server_within_tolerance_passes_and_one_beyond_fails_naming_both_sides
         "weight_probe=False",
     ):
         assert part in message, (part, message)
+
+
+def test_a_sync_that_did_nothing_fails_though_the_policy_moved_less_than_the_tolerance(trainer, monkeypatch):
+    """The server must be closer to the policy now than to the one it was verified to serve before the update."""
+    check = WeightProbe("http://proxy", IDS, tolerance=0.5)
+    before = policy_logprobs(trainer, IDS)
+    served(monkeypatch, [lp + 0.02 for lp in before], version=1)
+    check.check(trainer, 1)  # at connect: the server serves the policy
+
+    saved = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    try:
+        with torch.no_grad():  # an update that moves the probe's logprobs by ~0.2 nats/token, below the tolerance
+            trainer.model.lm_head.weight.mul_(2.5)
+        after = policy_logprobs(trainer, IDS)
+        shift = probe_gap(after, before).mean
+        assert 0.15 < shift < 0.5, shift
+
+        served(monkeypatch, [lp + 0.02 for lp in before], version=2)  # the sync reported version 2, changed nothing
+        with pytest.raises(WeightProbeError) as err:
+            check.check(trainer, 2)
+        message = str(err.value)
+        for part in ("the weight sync did not reach the server", "0.020 nats/token from the policy it was verified",
+                     f"which moved {shift:.3f} since", "weight_probe_tolerance=0.5"):  # fmt: skip
+            assert part in message, (part, message)
+
+        served(monkeypatch, [lp - 0.03 for lp in after], version=2)  # a sync that arrived passes
+        assert check.check(trainer, 2).mean == pytest.approx(0.03, abs=1e-4)
+    finally:
+        trainer.model.load_state_dict(saved)
+
+
+def test_a_move_within_the_serving_noise_is_not_judged_relative_to_the_old_policy(trainer, monkeypatch):
+    check = WeightProbe("http://proxy", IDS, tolerance=0.5)
+    mine = policy_logprobs(trainer, IDS)
+    served(monkeypatch, [lp + 0.05 for lp in mine])
+    check.check(trainer, 1)
+    served(monkeypatch, [lp + 0.05 for lp in mine])  # nothing moved: the server is as close to both
+    check.check(trainer, 2)
 
 
 def test_a_probe_the_server_cannot_answer_fails_the_step(trainer, monkeypatch):

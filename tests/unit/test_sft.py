@@ -71,9 +71,11 @@ def test_loss_only_on_the_assistant_answer_and_its_end_of_turn(tokenizer, tmp_pa
     assert ids == full_ids["input_ids"]  # the whole row, nothing cut
     assert ids[:start] == prompt_ids["input_ids"]
     assert set(labels[:start]) == {-100}  # no loss on the prompt, the few-shot assistant turn included
-    assert labels[start:] == ids[start:]
-    trained = tokenizer.decode(labels[start:])
-    assert trained == ANSWER + "<|im_end|>\n"  # the answer, the end-of-turn token, the template's newline after it
+    trained = [t for t in labels if t != -100]
+    assert labels[start : start + len(trained)] == ids[start : start + len(trained)]
+    # the answer and its end-of-turn token, where vLLM stops sampling; not the template's newline after it (D12)
+    assert tokenizer.decode(trained) == ANSWER + "<|im_end|>"
+    assert tokenizer.decode(ids[start + len(trained) :]) == "\n" and set(labels[start + len(trained) :]) == {-100}
     assert tokenizer.decode(ids[:start]).endswith("Fix triple.<|im_end|>\n<|im_start|>assistant\n")
     assert ids.count(tokenizer.convert_tokens_to_ids("<|im_end|>")) == 5  # 4 prompt turns + the answer's
 
@@ -97,7 +99,7 @@ def test_longer_rows_are_dropped_and_counted_and_the_rest_keep_their_completion(
     config = WarmStartSFTConfig(output_dir=str(tmp_path), max_length=limit)
     example = sft_trainer(kept, tiny_llama(len(tokenizer), 4096), tokenizer, config).train_dataset[0]
     assert len(example["input_ids"]) == limit
-    assert tokenizer.decode([t for t in example["labels"] if t != -100]) == ANSWER + "<|im_end|>\n"
+    assert tokenizer.decode([t for t in example["labels"] if t != -100]) == ANSWER + "<|im_end|>"
     with pytest.raises(SftDataError, match="every one of the 3 rows is longer than max_length"):
         fitting_rows(rows, tokenizer, limit - 1)
 
@@ -123,14 +125,17 @@ def _without_completion() -> dict:
         ((), "no rows"),
         (("", "   "), "no rows"),
         ((line(), '{"prompt": [}'), "line 2: not JSON"),
-        ((line(), line(), "[1, 2]"), "line 3: a JSON object"),
-        ((_without_completion(),), "line 1: 'completion' must be a list"),
-        (({**line(), "completion": []},), "line 1: no assistant completion"),
-        (({**line(), "completion": [{"role": "user", "content": "hi"}]},), "line 1: no assistant completion"),
-        (({**line(), "completion": [{"role": "assistant", "content": " \n"}]},), "line 1: no assistant completion"),
-        (({**line(), "prompt": []},), "line 1: 'prompt' is empty"),
-        (({**line(), "prompt": [{"role": "user", "content": None}]},), "line 1: 'prompt' message 0 must have"),
-        (({**line(), "prompt": [{"role": "tool", "content": "x"}]},), "line 1: 'prompt' message 0 must have"),
+        ((line(), line(), "[1, 2]"), r"line 3: the row: Input should be an object"),
+        ((_without_completion(),), "line 1: completion: Field required$"),
+        (({**line(), "completion": []},), "line 1: completion: must be one non-empty assistant message"),
+        (({**line(), "completion": [{"role": "user", "content": "hi"}]},), "line 1: completion: must be one non-empty"),
+        (({**line(), "completion": [{"role": "assistant", "content": " \n"}]},), "line 1: completion: must be one"),
+        (({**line(), "completion": "the answer"},), "line 1: completion: Input should be a valid (list|array)"),
+        (({**line(), "prompt": []},), r"line 1: prompt: List should have at least 1 item"),
+        (({**line(), "prompt": [{"role": "user", "content": None}]},), r"line 1: prompt\[0\]\.content: .* string"),
+        (({**line(), "prompt": [{"role": "user", "content": 3}]},), r"line 1: prompt\[0\]\.content: .* \(got 3\)"),
+        (({**line(), "prompt": [{"role": "tool", "content": "x"}]},), r"line 1: prompt\[0\]\.role: .*got 'tool'"),
+        ((line(), {**line(), "prompt": [{"content": "x"}]}), r"line 2: prompt\[0\]\.role: Field required"),
     ],
 )
 def test_unusable_files_are_refused_naming_the_line(tmp_path, lines, message):

@@ -36,7 +36,7 @@ def run(trainer, shared: bool, budget: int | None, layer_calls: list[int]) -> tu
     trainer.args.shared_prefix, trainer._shares_prefix = shared, None
     trainer.args.max_tokens_per_forward = budget
     trainer._metrics["train"].clear()
-    batch = trainer._batch(*grouped_rows(), ADVANTAGES, "train")[0]
+    batch = trainer.builder.build(*grouped_rows(), ADVANTAGES)[0]
     model = trainer.model
     model.zero_grad()
     layer_calls.clear()

@@ -14,11 +14,11 @@ from trl.trainer.utils import nanstd
 
 from aitlrt.common.git import git
 from aitlrt.common.procs import free_port
-from aitlrt.rollout.runner import RolloutOutcome
 from aitlrt.serving.process import ServeProcess
+from aitlrt.training import step_metrics
 from aitlrt.training.advantages import normalized_sum_advantages
 from aitlrt.training.config import AgentGRPOConfig
-from aitlrt.training.rows import Row
+from aitlrt.training.rows import Row, truncated_rollouts
 from tests.helpers.multirank_run import calls_reward, tiny_trainer
 
 UNUSED = "http://127.0.0.1:9"
@@ -53,7 +53,7 @@ def policy_logps(trainer, batch) -> torch.Tensor:
 def offset_sampler(trainer) -> tuple[list[Row], list[int]]:
     """The rows with sampler logprobs = the trainer's + ``OFFSETS`` on the trained tokens."""
     rows, owners = rows_with()
-    old = policy_logps(trainer, trainer._batch(rows, owners, ADVANTAGES, "train")[0])
+    old = policy_logps(trainer, trainer.builder.build(rows, owners, ADVANTAGES)[0])
     offsets = iter(OFFSETS)
     sampler = [
         [old[i, j].item() + next(offsets) if m else 0.0 for j, m in enumerate(r.mask)] for i, r in enumerate(rows)
@@ -102,11 +102,11 @@ def test_importance_sampling_defaults_to_todays_truncated_token_weights(tmp_path
 def test_old_logprobs_are_computed_where_trl_computes_them(trainer, monkeypatch):
     monkeypatch.setattr(trainer.args, "vllm_importance_sampling_correction", False)
     rows, owners = rows_with()
-    batch, gap = trainer._batch(rows, owners, ADVANTAGES, "train")
+    batch, gap = trainer.builder.build(rows, owners, ADVANTAGES)
     assert "old_per_token_logps" not in batch and gap is None  # aligned: trl's PPO ratio is 1 by construction
     assert batch["advantages"][:, 0].tolist() == [1.0, 1.0, -0.5, 0.25]  # no importance weight
     monkeypatch.setattr(trainer, "num_iterations", 2)  # the second pass over the batch needs the first's logprobs
-    batch, gap = trainer._batch(rows, owners, ADVANTAGES, "train")
+    batch, gap = trainer.builder.build(rows, owners, ADVANTAGES)
     torch.testing.assert_close(batch["old_per_token_logps"], policy_logps(trainer, batch))
     assert gap is not None
 
@@ -125,8 +125,8 @@ def trl_ratio(old, sampler, mask, mode, low, high, owners) -> torch.Tensor:
 
 @pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
 def test_importance_sampling_is_trls_for_every_mode_and_loss(trainer, monkeypatch, mode):
-    """Through ``compute_loss``: a token mode takes the ratio from the loss forward itself (``_fuses_ratio``), a
-    sequence mode from ``_batch``'s separate forward; both give trl's loss with trl's ratio."""
+    """Through ``compute_loss``: a token mode takes the ratio from the loss forward itself (``fused_ratio``), a
+    sequence mode from ``BatchBuilder.build``'s separate forward; both give trl's loss with trl's ratio."""
     monkeypatch.setattr(trainer.args, "vllm_importance_sampling_mode", mode)
     monkeypatch.setattr(trainer.args, "vllm_importance_sampling_clip_min", 0.4)
     monkeypatch.setattr(trainer.args, "vllm_importance_sampling_clip_max", 2.0)
@@ -134,7 +134,7 @@ def test_importance_sampling_is_trls_for_every_mode_and_loss(trainer, monkeypatc
     for loss_type in ["dapo", "grpo", "sapo", "cispo", "bnpo", "dr_grpo", "luspo"]:
         monkeypatch.setattr(trainer, "loss_type", loss_type)
         trainer._metrics["train"].clear()
-        ours, gap = trainer._batch(rows, owners, ADVANTAGES, "train")
+        ours, gap = trainer.builder.build(rows, owners, ADVANTAGES)
         assert ("old_per_token_logps" in ours) == mode.startswith("sequence") == (gap is not None)
         mask = ours["completion_mask"] * ours["tool_mask"]
         old = policy_logps(trainer, ours)
@@ -142,7 +142,7 @@ def test_importance_sampling_is_trls_for_every_mode_and_loss(trainer, monkeypatc
         with monkeypatch.context() as m:  # trl's own path: unweighted advantages, the ratio applied by trl's loss
             m.setattr(trainer.args, "vllm_importance_sampling_correction", False)
             m.setattr(trainer, "num_iterations", 2)
-            plain, _ = trainer._batch(rows, owners, ADVANTAGES, "train")
+            plain, _ = trainer.builder.build(rows, owners, ADVANTAGES)
             m.setattr(trainer, "use_vllm", True)
             reference = trainer._compute_loss(trainer.model, {**plain, "importance_sampling_ratio": expected})
         assert trainer.compute_loss(trainer.model, ours).item() == pytest.approx(reference.item(), rel=1e-5)
@@ -170,13 +170,13 @@ def test_the_fused_ratio_saves_a_forward_and_changes_no_loss_or_gradient(trainer
     handle = model.register_forward_pre_hook(count)
     results = []
     for fused in (True, False):
-        monkeypatch.setattr(trainer, "_fuses_ratio", lambda fused=fused: fused)
+        monkeypatch.setattr(trainer.builder, "fused_ratio", fused)
         trainer._metrics["train"].clear()
         forwards = 0
         model.zero_grad()
-        batch, gap = trainer._batch(rows, owners, ADVANTAGES, "train")
+        batch, gap = trainer.builder.build(rows, owners, ADVANTAGES)
         if gap is not None:  # the separate forward's gap, logged by _log_step at generation
-            trainer._log_gap("train", gap, batch["completion_mask"] * batch["tool_mask"])
+            step_metrics.log_gap(trainer._metrics["train"], gap, batch["completion_mask"] * batch["tool_mask"])
         loss = trainer.compute_loss(model, batch)
         loss.backward()
         metrics = {k: v[-1] for k, v in trainer._metrics["train"].items() if "importance" in k or "gap" in k}
@@ -195,7 +195,7 @@ def test_the_fused_ratio_saves_a_forward_and_changes_no_loss_or_gradient(trainer
 def test_vespo_gets_trls_importance_sampling_ratio_and_plain_advantages(trainer, monkeypatch):
     monkeypatch.setattr(trainer, "loss_type", "vespo")
     rows, owners = offset_sampler(trainer)
-    batch, _ = trainer._batch(rows, owners, ADVANTAGES, "train")
+    batch, _ = trainer.builder.build(rows, owners, ADVANTAGES)
     assert batch["advantages"][:, 0].tolist() == [1.0, 1.0, -0.5, 0.25]
     mask = batch["completion_mask"] * batch["tool_mask"]
     expected = trl_ratio(
@@ -218,29 +218,26 @@ def test_vespo_gets_trls_importance_sampling_ratio_and_plain_advantages(trainer,
 # ---- padding, truncated calls --------------------------------------------------------------------------------
 def test_pad_to_multiple_of_pads_the_rows_as_trl_does(trainer, monkeypatch):
     rows, owners = offset_sampler(trainer)
-    plain, _ = trainer._batch(rows, owners, ADVANTAGES, "train")
+    plain, _ = trainer.builder.build(rows, owners, ADVANTAGES)
     monkeypatch.setattr(trainer, "pad_to_multiple_of", 8)
-    padded, _ = trainer._batch(rows, owners, ADVANTAGES, "train")
+    padded, _ = trainer.builder.build(rows, owners, ADVANTAGES)
     assert padded["prompt_ids"].size(1) == padded["completion_ids"].size(1) == 8
     assert (plain["prompt_ids"].size(1), plain["completion_ids"].size(1)) == (6, 4)
     loss = trainer._compute_loss(trainer.model, plain).item()
     assert trainer._compute_loss(trainer.model, padded).item() == pytest.approx(loss, rel=1e-5)
 
 
-def outcome(*finishes: str, tag: str | None = None) -> RolloutOutcome:
-    trace = [{"call_index": i, "finish_reason": f, "tag": tag} for i, f in enumerate(finishes)]
-    return RolloutOutcome("r", "t", "ok", "", "patch", len(trace), 0, 10, "", trace=trace)
+def trace(*finishes: str, tag: str | None = None) -> list[dict]:
+    return [{"call_index": i, "finish_reason": f, "tag": tag} for i, f in enumerate(finishes)]
 
 
-def test_mask_truncated_completions_masks_every_row_of_a_rollout_with_a_cut_call(trainer, monkeypatch):
-    outcomes = [outcome("stop", "length"), outcome("stop"), outcome("length", tag="weak"), outcome()]
-    assert trainer._truncated(outcomes) == set()  # off by default
-    monkeypatch.setattr(trainer, "mask_truncated_completions", True)
-    assert trainer._truncated(outcomes) == {0}  # a cut tagged call is not trained
-    monkeypatch.setattr(trainer.args, "include_non_policy_calls", True)
-    assert trainer._truncated(outcomes) == {0, 2}
+def test_mask_truncated_completions_masks_every_row_of_a_rollout_with_a_cut_call(trainer):
+    traces = [trace("stop", "length"), trace("stop"), trace("length", tag="weak"), trace()]
+    assert not trainer.mask_truncated_completions  # off by default
+    assert truncated_rollouts(traces) == {0}  # a cut tagged call is not trained
+    assert truncated_rollouts(traces, include_tagged=True) == {0, 2}
     rows, owners = rows_with()
-    batch, _ = trainer._batch(rows, owners, ADVANTAGES, "train", {0})
+    batch, _ = trainer.builder.build(rows, owners, ADVANTAGES, {0})
     assert batch["tool_mask"].sum(dim=1).tolist() == [0, 0, 3, 3]
     assert batch["num_items_in_batch"].item() == 6
 
@@ -251,7 +248,7 @@ def test_reference_logprobs_come_from_the_ref_model(tmp_path):
     with torch.no_grad():
         for p in t.model.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    batch, _ = t._batch(*rows_with(), ADVANTAGES, "train")
+    batch, _ = t.builder.build(*rows_with(), ADVANTAGES)
     reference = t._get_per_token_logps_and_entropies(
         t.ref_model,
         torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1),
@@ -271,7 +268,7 @@ def test_reference_logprobs_under_peft_are_the_base_models(tmp_path):
         for name, p in t.model.named_parameters():
             if "lora_B" in name:
                 p.normal_(std=0.5)
-    batch, _ = t._batch(*rows_with(), ADVANTAGES, "train")
+    batch, _ = t.builder.build(*rows_with(), ADVANTAGES)
     with t.model.disable_adapter():
         base = policy_logps(t, batch)
     torch.testing.assert_close(batch["ref_per_token_logps"], base)
