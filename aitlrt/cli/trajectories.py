@@ -1,26 +1,30 @@
 """``aitlrt trajectories``: successful rollouts of the real agent with a teacher answering (the oracle, or any
 OpenAI-compatible server), as trl conversational prompt-completion rows for ``aitlrt sft``
-(``aitlrt.warmstart.trajectories``). With the oracle and ``--test-feedback-rounds`` > 0, each task also gets
-multi-turn rollouts (decoy first, then the fix once the tests' output came back)."""
+(``aitlrt.warmstart.trajectories``). With the oracle and ``--test-feedback-rounds`` > 0, each Aider task also gets
+multi-turn rollouts (decoy first, then the fix once the tests' output came back); with ``--agent mini-swe-agent``
+the oracle answers in shell commands (inspect, patch, submit), every call a row."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from aitlrt.cli.rollout import add_rollout_arguments, prepared_tasks, print_outcomes, progress_printer, rollout_settings
-from aitlrt.warmstart.trajectories import DEFAULT_REWARDS, ORACLE, collect, reward_funcs, teacher_from
+from aitlrt.cli.rollout import prepared_tasks, print_outcomes, progress_printer, rollout_flags, rollout_settings
+from aitlrt.warmstart.trajectories import DEFAULT_REWARDS, ORACLE, collect, oracle_format, reward_funcs, teacher_from
 
 
 def add_parser(verbs: argparse._SubParsersAction) -> None:
     p = verbs.add_parser(
-        "trajectories", help="record an agent's successful rollouts with a teacher model (oracle or URL) for SFT"
+        "trajectories",
+        parents=[rollout_flags()],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        help="record an agent's successful rollouts with a teacher model (oracle or URL) for SFT",
     )
-    add_rollout_arguments(p)
     p.add_argument(
         "--teacher",
         required=True,
-        help=f"'{ORACLE}' (writes each task's oracle fix in the agent's edit format) or an OpenAI-compatible "
+        help=f"'{ORACLE}' (writes each task's oracle fix in the agent's edit format; for mini-swe-agent's text mode, "
+        "shell commands: inspect, patch, submit) or an OpenAI-compatible "
         "server's root URL (e.g. http://host:8000; a trailing /v1 is dropped)",
     )
     p.add_argument(
@@ -81,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"{len(weights)} --reward-weights for {len(names)} --rewards")
         teacher = teacher_from(args.teacher, args.teacher_model, args.teacher_api_key_env, args.tokenizer)
         settings = rollout_settings(args)
+        if teacher.url is None:
+            oracle_format(settings)  # an agent the oracle cannot answer
         prepared = prepared_tasks(args, "trajectories")
     except ValueError as exc:  # unknown reward or agent, bad weights or teacher, no usable task
         raise SystemExit(f"aitlrt trajectories: {exc}") from None

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import difflib
 import io
-import re
 import tokenize
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 from typing import Any
 
+from aitlrt.rollout.agents.edit_format import DIVIDER, REPLACE, SEARCH, is_marker
 from aitlrt.tasks.feedback import HEADER as FEEDBACK
 
 FENCES: tuple[tuple[str, str], ...] = (
@@ -47,8 +47,6 @@ _CLOSE = dict(FENCES)
 EDIT_FORMATS = ("whole", "diff")
 DONE = "Done."
 """The answer when there is nothing (more) to edit."""
-SEARCH, DIVIDER, REPLACE = "<<<<<<< SEARCH", "=======", ">>>>>>> REPLACE"
-_MARKER = re.compile(r"^(<{5,9} SEARCH>?|={5,9}|>{5,9} REPLACE)\s*$")  # Aider's HEAD, DIVIDER, UPDATED
 _LANGUAGES = {".py": "python", ".pyi": "python", ".js": "javascript", ".ts": "typescript", ".rs": "rust"}
 DECOY_COMMENT = "# FIXME: the reported bug may come from here"
 """The decoy's line, indented like the line below it."""
@@ -142,7 +140,8 @@ def _near(before: Sequence[str], shown: Sequence[str]) -> bool:
     return distance(before, shown) <= max(3, len(before) // 2)
 
 
-def _text(message: Mapping[str, Any]) -> str:
+def message_text(message: Mapping[str, Any]) -> str:
+    """A chat message's text: its content, or its text parts joined."""
     content = message.get("content")
     if isinstance(content, list):  # OpenAI content parts
         return "\n".join(part.get("text", "") for part in content if isinstance(part, dict))
@@ -190,7 +189,7 @@ def identify(tasks: Sequence[OracleTask], messages: Sequence[Mapping[str, Any]])
     files shows most of at their start, then most of in another known state (fixed, or edited: the nearest first;
     ties: the one whose problem statement the user wrote, then the first), else the first task whose problem
     statement a user message holds (no file shown, ``fence`` ```)."""
-    user = [_text(m) for m in messages if m.get("role") == "user"]
+    user = [message_text(m) for m in messages if m.get("role") == "user"]
     everything = "\n".join(user)
     for text in reversed(user):
         if found := _match_in(text, tasks):
@@ -222,7 +221,7 @@ def feedback_turn(messages: Sequence[Mapping[str, Any]]) -> bool:
         line.lstrip().startswith(FEEDBACK)
         for m in messages
         if m.get("role") == "user"
-        for line in _text(m).splitlines()
+        for line in message_text(m).splitlines()
     )
 
 
@@ -332,7 +331,7 @@ def _occurrences(lines: Sequence[str], part: Sequence[str]) -> int:
 
 
 def _has_marker(part: Sequence[str]) -> bool:
-    return any(_MARKER.match(line.strip()) for line in part)
+    return any(is_marker(line) for line in part)
 
 
 def _usable(part: Sequence[str], path: str, fence: tuple[str, str]) -> bool:

@@ -29,6 +29,7 @@ from aitlrt.common.procs import free_port, wait_http
 from aitlrt.tasks.patches import changed_paths
 from aitlrt.tasks.task import Task
 from aitlrt.warmstart.oracle import EDIT_FORMATS, OracleFile, OracleTask, answer, render
+from aitlrt.warmstart.oracle_shell import SHELL, answer_shell
 
 log = logging.getLogger(__name__)
 
@@ -100,10 +101,16 @@ def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
     return JSONResponse(body, status_code=status)
 
 
+FORMATS = (*EDIT_FORMATS, SHELL)
+"""Aider's edit formats (``aitlrt.warmstart.oracle``) and mini-swe-agent's shell actions
+(``aitlrt.warmstart.oracle_shell``)."""
+
+
 class OracleResponder:
-    """Answers chat requests for ``tasks`` (``Task``s, or their ``oracle_task`` already read) in ``edit_format``,
-    with token ids from ``tokenizer`` (the policy's: a path, Hub id or ``bundled``, the default); with
-    ``decoy_first``, a decoy edit until the chat holds the tests' output (``aitlrt.warmstart.oracle.answer``)."""
+    """Answers chat requests for ``tasks`` (``Task``s, or their ``oracle_task`` already read) in ``edit_format``
+    (one of ``FORMATS``), with token ids from ``tokenizer`` (the policy's: a path, Hub id or ``bundled``, the
+    default); with ``decoy_first`` (Aider's formats), a decoy edit until the chat holds the tests' output
+    (``aitlrt.warmstart.oracle.answer``)."""
 
     def __init__(
         self,
@@ -116,8 +123,8 @@ class OracleResponder:
     ) -> None:
         from transformers import AutoTokenizer
 
-        if edit_format not in EDIT_FORMATS:
-            raise ValueError(f"the oracle writes the edit formats {EDIT_FORMATS}, not {edit_format!r}")
+        if edit_format not in FORMATS:
+            raise ValueError(f"the oracle writes the formats {FORMATS}, not {edit_format!r}")
         self.edit_format = edit_format
         self.model_name = model_name
         self.decoy_first = decoy_first
@@ -127,10 +134,11 @@ class OracleResponder:
 
     def _load(self, task: Task | OracleTask) -> OracleTask | None:
         """``task``'s files, or None with a warning when its fix does not apply or cannot be written in the edit
-        format (its requests are then answered ``DONE``)."""
+        format (its requests are then answered ``DONE``); a patch writes any fix (``SHELL``)."""
         try:
             oracle = task if isinstance(task, OracleTask) else oracle_task(task)
-            render(oracle.files, self.edit_format)
+            if self.edit_format != SHELL:
+                render(oracle.files, self.edit_format)
         except (RuntimeError, ValueError) as exc:
             log.warning("oracle: leaving out task %s: %s", task.instance_id, exc)
             return None
@@ -148,7 +156,10 @@ class OracleResponder:
         """The chat completion for a valid request ``body``."""
         messages = body["messages"]
         started = time.monotonic()
-        text = answer(self.tasks, messages, self.edit_format, decoy_first=self.decoy_first)
+        if self.edit_format == SHELL:
+            text = answer_shell(self.tasks, messages)
+        else:
+            text = answer(self.tasks, messages, self.edit_format, decoy_first=self.decoy_first)
         prompt_ids, completion_ids = self.tokens(messages, text)
         choice: dict[str, Any] = {
             "index": 0,

@@ -12,6 +12,10 @@ trajectories: the oracle answers the decoy first, Aider runs the tests and sends
 answers that with the fix. Of such a trajectory only the calls that answer the tests' output become lines: the
 decoy is a wrong answer, never trained on (it stays in the later prompts, as the agent sent them, where nothing is
 trained on).
+
+mini-swe-agent (``agent: mini-swe-agent``, its text mode) gets the oracle's shell actions
+(``aitlrt.warmstart.oracle_shell``: inspect, patch, submit): every call of a kept rollout is one line, its prompt the
+append-only history so far. Its tool-calling mode has no oracle.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from aitlrt.serving.process import ServeProcess
 from aitlrt.tasks.task import Task
 from aitlrt.warmstart.oracle import OracleTask, decoy, feedback_turn
 from aitlrt.warmstart.oracle_server import fix_patch, oracle_server, oracle_tasks
+from aitlrt.warmstart.oracle_shell import SHELL
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +82,14 @@ def teacher_from(
         raise ValueError(f"a teacher is 'oracle' or an http(s) URL, not {spec!r}")
     url = spec.rstrip("/")
     return Teacher(url.removesuffix("/v1"), model, api_key_env)
+
+
+def oracle_format(settings: RolloutSettings) -> str:
+    """The format the oracle answers ``settings.agent`` in: mini-swe-agent's shell actions, else Aider's
+    ``settings.edit_format``; ValueError for mini-swe-agent's tool-calling mode."""
+    if settings.agent == "mini-swe-agent-tools":
+        raise ValueError("the oracle answers mini-swe-agent in its text mode (agent mini-swe-agent), not in tool calls")
+    return SHELL if settings.agent == "mini-swe-agent" else settings.edit_format
 
 
 def reward_funcs(names: Sequence[str]) -> dict[str, RewardFunc]:
@@ -160,7 +173,7 @@ def _teacher_batch(
     with ExitStack() as stack:
         if teacher.url is None:
             oracle = oracle_server(
-                list(oracles.values()), settings.edit_format, tokenizer=teacher.tokenizer, decoy_first=decoy_first
+                list(oracles.values()), oracle_format(settings), tokenizer=teacher.tokenizer, decoy_first=decoy_first
             )
             upstream = stack.enter_context(oracle)
         else:
@@ -190,16 +203,18 @@ def collect(
     ``min_reward`` are written to ``out`` (JSON lines, ``sft_rows``). ``patch_similarity`` compares each rollout's
     patch with the task's fix as git writes it (``oracle_server.fix_patch``), so a rollout that leaves exactly the
     fixed files scores 1.0 even where the task's patch text aligns the change differently. With the oracle and
-    ``settings.test_feedback_rounds`` > 0, then as many multi-turn rollouts of every task that has a decoy (decoy
-    first; their proxy's journal in ``serve_dir/multi-turn``), listed after the others."""
+    ``settings.test_feedback_rounds`` > 0 and Aider, then as many multi-turn rollouts of every task that has a decoy
+    (decoy first; their proxy's journal in ``serve_dir/multi-turn``), listed after the others. Rows record the
+    teacher's format: ``settings.edit_format``, or the oracle's (``oracle_format``)."""
     if len(weights) != len(rewards):
         raise ValueError(f"{len(weights)} weights for {len(rewards)} rewards")
     started = time.monotonic()
+    answers = settings.edit_format if teacher.url is not None else oracle_format(settings)
     prepared: list[PreparedTask] = prepare_tasks(tasks)
     oracles = oracle_tasks(p.task for p in prepared)
     batch = _teacher_batch(prepared, teacher, oracles, settings, serve_dir, on_progress)
     multi_turn = [False] * len(batch.outcomes)
-    feedback_on = teacher.url is None and settings.test_feedback_rounds > 0
+    feedback_on = teacher.url is None and answers != SHELL and settings.test_feedback_rounds > 0
     decoyed = [
         p for p in prepared if feedback_on and p.task.instance_id in oracles and decoy(oracles[p.task.instance_id])
     ]
@@ -229,7 +244,7 @@ def collect(
             batch.tasks, batch.outcomes, weighted, kept, multi_turn, strict=True
         ):
             if keep:
-                for row in sft_rows(outcome, task, reward, teacher.label, settings.edit_format, multi_turn=multi):
+                for row in sft_rows(outcome, task, reward, teacher.label, answers, multi_turn=multi):
                     fh.write(json.dumps(row) + "\n")
                     written += 1
     log.info(
