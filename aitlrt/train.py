@@ -98,10 +98,9 @@ def run(
 ) -> AgentGRPOTrainer:
     """Train ``model_args.model_name_or_path`` on the tasks of ``script`` with ``config``; return the trainer.
     ``argv``, the command line, goes into the saved model's card (``aitlrt.training.model_card``)."""
-    import torch
     from accelerate import PartialState
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from aitlrt.common.model import resolve_model
     from aitlrt.common.procs import kill_sessions
@@ -112,11 +111,17 @@ def run(
     from aitlrt.serving.process import ServeProcess, managed_server
     from aitlrt.tasks.loader import TaskLoadError
     from aitlrt.tasks.sandbox import require_isolation
-    from aitlrt.training.config import heldout_weights
+    from aitlrt.training.config import (
+        heldout_weights,
+        model_init_kwargs,
+        refuse_unsupported_model_args,
+        served_model_flags,
+    )
     from aitlrt.training.dataset import run_tasks
     from aitlrt.training.model_card import recipe_file, write_model_card
     from aitlrt.training.trainer import AgentGRPOTrainer
 
+    refuse_unsupported_model_args(model_args)
     unknown = [name for name in script.rewards if name not in REWARDS]
     if unknown:
         raise SystemExit(f"aitlrt train: unknown rewards {unknown} (known: {', '.join(REWARDS)})")
@@ -136,6 +141,7 @@ def run(
         if script.warm_start != "none":
             model_path = warm_start_model(script, config, tasks.warm_start, model_path)
     rows, heldout = tasks.grpo, tasks.heldout
+    load = config.model_init_kwargs = model_init_kwargs(config, model_args)  # trl's, for the policy and the reference
     server: contextlib.AbstractContextManager[ServeProcess | None] = contextlib.nullcontext()
     if script.serve == "managed":
         if state.num_processes > 1 and not config.proxy_url:
@@ -146,6 +152,7 @@ def run(
             extra_args += ["--request-timeout", str(max(30.0, config.rollout_timeout_s / 2))]
         if config.tool_call_parser and "--tool-call-parser" not in extra_args:
             extra_args += ["--enable-auto-tool-choice", "--tool-call-parser", config.tool_call_parser]
+        extra_args += served_model_flags(load, extra_args)
         if config.weight_sync == "nccl" and "--weight-transfer-config" not in extra_args:
             extra_args += ["--weight-transfer-config", '{"backend": "nccl"}']  # the engine trl's client streams into
         server = managed_server(
@@ -159,11 +166,11 @@ def run(
         )
     with server as serve:
         config.proxy_url = serve.url if serve is not None else script.serve
-        dtype = model_args.dtype if model_args.dtype in (None, "auto") else getattr(torch, model_args.dtype)
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype or "auto")
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        tokenizer = AutoTokenizer.from_pretrained(
+            model_path, revision=load["revision"], trust_remote_code=load["trust_remote_code"]
+        )
         trainer = AgentGRPOTrainer(
-            model=model,
+            model=model_path,  # trl loads it with model_init_kwargs, as its reference model
             reward_funcs=[REWARDS[name] for name in script.rewards],
             args=config,
             train_dataset=Dataset.from_list(rows),

@@ -6,6 +6,7 @@ CPU-bound patch similarities. ``aitlrt.rewards.builtin`` gathers with these what
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import logging
 import multiprocessing
@@ -49,17 +50,26 @@ def task_of(row: Mapping[str, Any]) -> Task | None:
 
 class _SimilarityPool:
     """A lazily started process pool for the CPU-bound comparisons of two patches; a computation past its timeout
-    scores 0 and the pool is replaced."""
+    scores 0 and the pool is replaced. Stopped at exit: a pool left to the interpreter's teardown prints
+    ``Exception ignored in: Pool.__del__`` at the end of every run that used it."""
 
     def __init__(self) -> None:
         self._pool = None
         self._lock = threading.Lock()
+        atexit.register(self.close)
 
     def _fresh(self):
         if self._pool is not None:
             self._pool.terminate()
         self._pool = multiprocessing.get_context("forkserver").Pool(min(4, usable_cores()))
         return self._pool
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pool is not None:
+                self._pool.terminate()
+                self._pool.join()
+                self._pool = None
 
     def map(self, func: Callable[[str, str], float], pairs: list[tuple[str, str]], timeout: float) -> list[float]:
         with self._lock:

@@ -5,11 +5,12 @@ evaluation, warm start, serving, rewards), each composed of the mixins of ``aitl
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, cast
 
 import torch
-from trl import GRPOConfig
+from trl import GRPOConfig, ModelConfig
 
 from aitlrt.common.resources import cpu_mixed_precision, rollout_concurrency
 from aitlrt.rollout.arguments import RolloutArguments, check_choices
@@ -24,6 +25,67 @@ from aitlrt.training.arguments import (
 
 ROW_NORMALISED_LOSSES = ("grpo", "sapo", "luspo", "dr_grpo")
 """trl's loss types normalised per row (mean over the micro-batch's rows); the others count tokens."""
+
+GENERATION_ENGINE_OPTIONS = {
+    "cache_implementation": "leave it unset (vLLM manages its own KV cache)",
+    "use_transformers_continuous_batching": "leave it off",
+    "transformers_continuous_batching_config": "leave it unset",
+    "use_transformers_paged": "leave it off",
+    "vllm_mode": "leave it at its default",
+    "vllm_model_impl": "give the server --model-impl (with serve: managed, through serve_args)",
+    "vllm_enable_sleep_mode": "leave it off",
+    "vllm_structured_outputs_regex": "leave it unset",
+    "vllm_server_base_url": "give the server's URL as --serve (its vLLM's, for weight_sync=nccl, as vllm_url)",
+    "vllm_server_host": "give the server's URL as --serve",
+    "vllm_server_port": "give the server's URL as --serve",
+    "vllm_server_timeout": "leave it unset (the managed server's start waits for its /health)",
+    "vllm_gpu_memory_utilization": "give the server --gpu-memory-utilization (serve_args)",
+    "vllm_max_model_length": "give the server --max-model-len (serve_args)",
+    "vllm_tensor_parallel_size": "give the server --tensor-parallel-size (serve_args)",
+    "max_tool_calling_iterations": "an agent's model calls are capped by rollout_max_calls",
+}
+"""trl's options of its own generation engines (its vLLM, transformers' generate, its tool-calling loop), which
+AITLRT never runs: the agents generate through aitlrt-serve's vLLM. Refused when set away from trl's default, with
+what to do instead: a user who sets one expects it to act somewhere."""
+
+
+def refuse_unsupported_model_args(model_args: ModelConfig) -> None:
+    """Refuse trl's ``ModelConfig`` settings that ``train.py`` cannot honour: 4/8-bit loading (QLoRA) would train a
+    bitsandbytes-quantised base, whose weights neither the reload nor the NCCL weight sync can hand to vLLM."""
+    if model_args.load_in_4bit or model_args.load_in_8bit:
+        raise ValueError(
+            "load_in_4bit/load_in_8bit: the policy is synced to vLLM as full weights (weight_sync reload or nccl), "
+            "which a bitsandbytes-quantised model does not have; train in bf16/fp32 (use_peft for a LoRA adapter)"
+        )
+
+
+def model_init_kwargs(config: GRPOConfig, model_args: ModelConfig) -> dict[str, Any]:
+    """The ``from_pretrained`` keyword arguments of the policy, its tokenizer and trl's reference model, as trl's
+    ``grpo.py`` script makes them: ``model_args``' revision, attention implementation and dtype (None: "auto", the
+    checkpoint's), ``config.trust_remote_code``, then ``config.model_init_kwargs`` over them. ``device_map`` defaults
+    to None (trl's is "auto" on GPU): the Trainer places the model, as "auto" would size its placement by the memory
+    the managed vLLM, started first on the same GPU, left free."""
+    kwargs: dict[str, Any] = {
+        "revision": model_args.model_revision,
+        "trust_remote_code": config.trust_remote_code,
+        "attn_implementation": model_args.attn_implementation,
+        "dtype": model_args.dtype or "auto",
+        "device_map": None,
+    }
+    given = cast(dict[str, Any], config.model_init_kwargs or {})  # a JSON string is parsed by __post_init__
+    return {**kwargs, **given}
+
+
+def served_model_flags(kwargs: dict[str, Any], given: Sequence[str] = ()) -> list[str]:
+    """vLLM's flags for the model that ``kwargs`` (``model_init_kwargs``) load, so that the server samples from the
+    model the trainer trains: the same revision (model and tokenizer) and, with ``trust_remote_code``,
+    ``--trust-remote-code``; each flag unless the ``given`` flags (``serve_args``) name it."""
+    revision = kwargs.get("revision")
+    flags: dict[str, list[str]] = {"--trust-remote-code": []} if kwargs.get("trust_remote_code") else {}
+    if revision not in (None, "main"):
+        flags |= {"--revision": [str(revision)], "--tokenizer-revision": [str(revision)]}
+    named = {arg.split("=")[0] for arg in given}
+    return [word for flag, value in flags.items() if flag not in named for word in (flag, *value)]
 
 
 @dataclass
@@ -133,6 +195,19 @@ class AgentGRPOConfig(RolloutArguments, ServerArguments, StepArguments, Curricul
 
     def _refuse_unsupported(self) -> None:
         """Refuse the trl settings this trainer cannot honour, saying why and what to use instead."""
+        defaults = {f.name: f.default for f in fields(GRPOConfig) if f.name in GENERATION_ENGINE_OPTIONS}
+        for name, instead in GENERATION_ENGINE_OPTIONS.items():
+            if getattr(self, name) != defaults[name]:
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} configures trl's own generation, which AITLRT does not run: the "
+                    f"agents generate through aitlrt-serve's vLLM. {instead[0].upper()}{instead[1:]}"
+                )
+        if self.task_difficulty_file is not None and not self.shuffle_dataset:
+            raise ValueError(
+                "shuffle_dataset=False asks for the dataset's order, but task_difficulty_file (the curriculum) draws "
+                "the tasks at random by difficulty (seeded with seed): leave shuffle_dataset on, or unset "
+                "task_difficulty_file to train on the tasks in the dataset's order"
+            )
         for name, unset in (
             ("min_p", self.min_p is None),
             ("repetition_penalty", self.repetition_penalty == 1.0),

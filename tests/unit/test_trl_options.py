@@ -1,15 +1,23 @@
 """trl options are honoured on the rows of the recorded calls, or refused by ``AgentGRPOConfig`` with the reason:
 the batch ``_batch`` builds (crafted rows, a tiny random model, no server), and one short run against the
-scripted upstream for what only a run shows (the KL term, trl's completion log, reward functions' metrics)."""
+scripted upstream for what only a run shows (the KL term, the reference model's sync, trl's completion log and its
+printed sample, reward functions' metrics). ``HANDLED`` says, for every field of trl's ``GRPOConfig``, where it is
+honoured or that it is refused."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
+import os
+import re
+from dataclasses import fields
 
 import pandas as pd
 import pytest
 import torch
 from peft import LoraConfig
+from trl import GRPOConfig, ModelConfig
 from trl.trainer.utils import nanstd
 
 from aitlrt.common.git import git
@@ -17,8 +25,15 @@ from aitlrt.common.procs import free_port
 from aitlrt.serving.process import ServeProcess
 from aitlrt.training import step_metrics
 from aitlrt.training.advantages import normalized_sum_advantages
-from aitlrt.training.config import AgentGRPOConfig
+from aitlrt.training.config import (
+    GENERATION_ENGINE_OPTIONS,
+    AgentGRPOConfig,
+    model_init_kwargs,
+    refuse_unsupported_model_args,
+    served_model_flags,
+)
 from aitlrt.training.rows import Row, truncated_rollouts
+from aitlrt.training.trainer import AgentGRPOTrainer
 from tests.helpers.multirank_run import calls_reward, tiny_trainer
 
 UNUSED = "http://127.0.0.1:9"
@@ -74,11 +89,93 @@ def offset_sampler(trainer) -> tuple[list[Row], list[int]]:
         ({"loss_type": "vespo", "vllm_importance_sampling_mode": "sequence_mask"}, "token_truncate or token_mask"),
         ({"beta": 0.04, "loss_type": "grpo"}, "token-normalised loss_type"),
         ({"beta": 0.04, "loss_type": "dr_grpo"}, "token-normalised loss_type"),
+        ({"cache_implementation": "static"}, "trl's own generation"),
+        ({"use_transformers_continuous_batching": True}, "trl's own generation"),
+        ({"vllm_gpu_memory_utilization": 0.5}, "--gpu-memory-utilization"),
+        ({"vllm_max_model_length": 4096}, "--max-model-len"),
+        ({"vllm_tensor_parallel_size": 2}, "--tensor-parallel-size"),
+        ({"vllm_server_port": 8001}, "--serve"),
+        ({"vllm_mode": "server"}, "trl's own generation"),
+        ({"max_tool_calling_iterations": 3}, "rollout_max_calls"),
+        ({"task_difficulty_file": "difficulty.json", "shuffle_dataset": False}, "draws the tasks at random"),
     ],
 )
 def test_options_that_cannot_be_honoured_are_refused_with_the_reason(tmp_path, settings, says):
     with pytest.raises(ValueError, match=says):
         config(tmp_path, **settings)
+
+
+HANDLED = {
+    **dict.fromkeys(GENERATION_ENGINE_OPTIONS, "refused when set (_refuse_unsupported)"),
+    **dict.fromkeys(
+        ["use_vllm", "min_p", "repetition_penalty", "generation_kwargs", "chat_template_kwargs"], "refused"
+    ),
+    "learning_rate": "the Trainer's",
+    "model_init_kwargs": "train.py: the policy, tokenizer and reference (test_the_model_is_loaded_as_trls_script_does)",
+    "trust_remote_code": "train.py: model, tokenizer, reference and vLLM's --trust-remote-code",
+    "router_aux_loss_coef": "trl's _compute_loss (the forward's aux loss passes through)",
+    "disable_dropout": "trl's __init__",
+    "cast_lm_head_to_fp32": "trl's fused LM head, whose positions alone lm_head.scored_positions_only trims",
+    "remove_unused_columns": "forced False: the task columns reach the rollouts",
+    "num_generations": "the group size",
+    "num_generations_eval": "the group size in eval mode",
+    "max_completion_length": "forced by the proxy per call",
+    "ds3_gather_for_generation": "no trainer-side generation: nothing is gathered for it",
+    "shuffle_dataset": "trl's RepeatSampler; refused False with the curriculum",
+    "pad_to_multiple_of": "test_pad_to_multiple_of_pads_the_rows_as_trl_does",
+    "generation_batch_size": "trl's sampler and the collector",
+    "steps_per_generation": "trl's schedule (max_staleness checks it)",
+    "temperature": "forced by the proxy (the managed server gets it)",
+    "top_p": "forced by the proxy (the managed server gets it)",
+    "top_k": "forced by the proxy (the managed server gets it)",
+    "vllm_group_port": "weight_sync=nccl's group port",
+    "beta": "test_a_step_with_beta_logs_a_kl_that_grows_after_an_update",
+    "num_iterations": "test_old_logprobs_are_computed_where_trl_computes_them",
+    **dict.fromkeys(["epsilon", "delta", "epsilon_high"], "trl's _compute_loss"),
+    **dict.fromkeys(["sapo_temperature_neg", "sapo_temperature_pos"], "trl's _compute_loss"),
+    **dict.fromkeys(["vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"], "trl's _compute_loss"),
+    "importance_sampling_level": "per rollout (test_rollout_sequences)",
+    "reward_weights": "Scoring",
+    "multi_objective_aggregation": "test_normalize_then_sum_is_trls",
+    "scale_rewards": "Scoring",
+    "loss_type": "test_importance_sampling_is_trls_for_every_mode_and_loss",
+    "mask_truncated_completions": "test_mask_truncated_completions_masks_every_row_of_a_rollout_with_a_cut_call",
+    "sync_ref_model": "test_sync_ref_model_syncs_the_reference_every_ref_model_sync_steps",
+    "ref_model_mixup_alpha": "test_sync_ref_model_syncs_the_reference_every_ref_model_sync_steps",
+    "ref_model_sync_steps": "test_sync_ref_model_syncs_the_reference_every_ref_model_sync_steps",
+    "top_entropy_quantile": "trl's _compute_loss, one forward per chunk (test_rollout_sequences)",
+    **dict.fromkeys(
+        ["entropy_coef", "use_adaptive_entropy", "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta"],
+        "trl's _compute_loss",
+    ),
+    "entropy_target": "trl's _compute_loss",
+    "vllm_importance_sampling_correction": "test_importance_sampling_is_trls_for_every_mode_and_loss",
+    "vllm_importance_sampling_mode": "test_importance_sampling_is_trls_for_every_mode_and_loss",
+    "vllm_importance_sampling_clip_max": "test_importance_sampling_is_trls_for_every_mode_and_loss",
+    "vllm_importance_sampling_clip_min": "test_importance_sampling_is_trls_for_every_mode_and_loss",
+    "vllm_importance_sampling_cap": "trl's deprecated alias of vllm_importance_sampling_clip_max",
+    "off_policy_mask_threshold": "per rollout (test_rollout_sequences); refused off-policy",
+    "use_bias_correction_kl": "test_use_bias_correction_kl_weighs_the_kl_by_trls_ratio",
+    "log_completions": "test_log_completions_fills_trls_table_one_entry_per_rollout",
+    "log_multimodal": "no images: nothing to log",
+    "num_completions_to_print": "test_num_completions_to_print_prints_that_many_rollouts_per_log",
+    "log_unique_prompts": "trl's log, on prompts that are the task's (test_log_completions_fills_trls_table...)",
+    "log_completions_hub_repo": "trl's CommitScheduler uploads OUTPUT/completions/*.parquet, which trl's log writes",
+}
+"""Where each option of trl's GRPOConfig (not TrainingArguments') is honoured, or that it is refused."""
+
+
+def test_every_grpo_option_is_honoured_or_refused():
+    """A trl upgrade that adds an option fails here until it is honoured (and said where) or refused."""
+    declared = set(GRPOConfig.__annotations__)  # its own fields and the TrainingArguments ones it redefines
+    assert set(HANDLED) == declared & {f.name for f in fields(GRPOConfig)}
+
+
+def test_quantised_loading_is_refused_with_the_reason():
+    for flag in ("load_in_4bit", "load_in_8bit"):
+        with pytest.raises(ValueError, match="full weights"):
+            refuse_unsupported_model_args(ModelConfig(**{flag: True}))
+    refuse_unsupported_model_args(ModelConfig())
 
 
 @pytest.mark.parametrize(
@@ -242,6 +339,12 @@ def test_mask_truncated_completions_masks_every_row_of_a_rollout_with_a_cut_call
     assert batch["num_items_in_batch"].item() == 6
 
 
+# ---- the dataset's order ------------------------------------------------------------------------------------
+def test_shuffle_dataset_false_keeps_the_datasets_order_as_trls_sampler(trainer, monkeypatch):
+    monkeypatch.setattr(trainer, "shuffle_dataset", False)
+    assert list(trainer._get_train_sampler()) == [0, 0, 0, 0, 1, 1, 1, 1]  # each task's group, in order
+
+
 # ---- beta: the reference model -----------------------------------------------------------------------------
 def test_reference_logprobs_come_from_the_ref_model(tmp_path):
     t = tiny_trainer(UNUSED, str(tmp_path / "repo"), str(tmp_path / "run"), per_device_train_batch_size=4, beta=0.1)
@@ -275,6 +378,64 @@ def test_reference_logprobs_under_peft_are_the_base_models(tmp_path):
     assert not torch.allclose(base, policy_logps(t, batch))
 
 
+def test_the_model_is_loaded_as_trls_script_does(tmp_path):
+    """model_args' dtype and attention under model_init_kwargs, for the policy and trl's reference model alike;
+    trust_remote_code and a revision reach the managed vLLM too."""
+    model_args = ModelConfig(dtype="bfloat16", attn_implementation="sdpa")
+
+    def from_path(model, args, **kw):
+        model.save_pretrained(tmp_path / "policy")
+        args.model_init_kwargs = model_init_kwargs(args, model_args)
+        return AgentGRPOTrainer(model=str(tmp_path / "policy"), args=args, **kw)
+
+    t = tiny_trainer(
+        UNUSED,
+        str(tmp_path / "repo"),
+        str(tmp_path / "run"),
+        per_device_train_batch_size=4,
+        beta=0.1,
+        model_init_kwargs={"attn_implementation": "eager"},
+        trainer=from_path,
+    )
+    for model in (t.model, t.ref_model):
+        assert model.dtype == torch.bfloat16
+        assert model.config._attn_implementation == "eager"
+    assert t.args.model_init_kwargs["revision"] == "main"
+    assert served_model_flags(t.args.model_init_kwargs) == []  # the default recipe's server: as before
+    load = model_init_kwargs(config(tmp_path, trust_remote_code=True), ModelConfig(model_revision="v2"))
+    assert load["trust_remote_code"] and load["dtype"] == "float32" and load["device_map"] is None
+    flags = ["--trust-remote-code", "--revision", "v2", "--tokenizer-revision", "v2"]
+    assert served_model_flags(load) == flags
+    assert served_model_flags(load, ["--revision=v3", "--trust-remote-code"]) == ["--tokenizer-revision", "v2"]
+
+
+def test_use_bias_correction_kl_weighs_the_kl_by_trls_ratio(tmp_path):
+    """trl multiplies the per-token KL by its ratio exp(policy - old) (on by default): here too, on the rows."""
+    t = tiny_trainer(
+        UNUSED, str(tmp_path / "repo"), str(tmp_path / "run"), per_device_train_batch_size=4, beta=0.1, loss_type="dapo"
+    )
+    t.model.train()
+    t.current_gradient_accumulation_steps = 1
+    t.num_iterations = 2  # the old logprobs are kept: the ratio differs from 1 once the policy moves
+    batch, _ = t.builder.build(*rows_with(), ADVANTAGES)
+    with torch.no_grad():
+        for p in t.model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    new = policy_logps(t, batch)
+    ref, old = batch["ref_per_token_logps"], batch["old_per_token_logps"]
+    mask = batch["completion_mask"] * batch["tool_mask"]
+    per_token_kl = torch.exp(ref - new) - (ref - new) - 1
+    logged = {}
+    for corrected in (True, False):
+        t.args.use_bias_correction_kl = corrected
+        t._metrics["train"].clear()
+        t.compute_loss(t.model, batch)
+        logged[corrected] = t._metrics["train"]["kl"][-1]
+    assert logged[True] == pytest.approx(((per_token_kl * torch.exp(new - old) * mask).sum() / mask.sum()).item())
+    assert logged[False] == pytest.approx(((per_token_kl * mask).sum() / mask.sum()).item())
+    assert logged[True] != pytest.approx(logged[False])
+
+
 # ---- normalize_then_sum --------------------------------------------------------------------------------------
 def trl_normalize_then_sum(rewards_per_func: torch.Tensor, weights: torch.Tensor, group: int) -> torch.Tensor:
     """trl 1.16's ``normalize_then_sum`` branch of ``_generate_and_score_completions``, transcribed."""
@@ -300,7 +461,7 @@ def test_normalize_then_sum_is_trls():
     assert ours[4] == 0 and not zero_std.any()
 
 
-# ---- one run: KL, trl's completion log, reward functions' log_metric / log_extra, normalize_then_sum -----------
+# ---- one run: KL, ref sync, trl's completion log, reward functions' log_metric / log_extra, normalize_then_sum
 def single_call_reward(prompts, completions, completion_ids=None, log_metric=None, log_extra=None, **kwargs):
     log_metric("custom/calls_total", float(sum(kwargs["rollout_calls"])))
     log_extra("calls_seen", list(kwargs["rollout_calls"]))
@@ -320,6 +481,9 @@ def run(scripted_upstream, tmp_path_factory):
         ["--upstream", scripted_upstream, "--run-dir", str(base / "serve")], free_port(), base / "p.log"
     )
     proxy.start()
+    printed = io.StringIO()
+    columns = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "400"  # rich's table: one line per rollout
     try:
         proxy.wait_ready(timeout_s=60)
         trainer = tiny_trainer(
@@ -330,34 +494,57 @@ def run(scripted_upstream, tmp_path_factory):
             per_device_train_batch_size=4,
             beta=0.1,
             log_completions=True,
+            num_completions_to_print=2,
+            sync_ref_model=True,
+            ref_model_sync_steps=2,  # after the second (last) step: both steps' KL are against the initial policy
+            ref_model_mixup_alpha=1.0,
             multi_objective_aggregation="normalize_then_sum",
             reward_weights=[1.0, 0.5],
         )
-        trainer.train()
+        with contextlib.redirect_stdout(printed):
+            trainer.train()
     finally:
         proxy.stop()
-    return trainer, base / "out"
+        if columns is None:
+            os.environ.pop("COLUMNS")
+        else:
+            os.environ["COLUMNS"] = columns
+    return trainer, base / "out", printed.getvalue()
 
 
 def test_a_step_with_beta_logs_a_kl_that_grows_after_an_update(run):
-    trainer, _ = run
+    trainer, _, _ = run
     kl = [entry["kl"] for entry in trainer.state.log_history if "kl" in entry]
     assert len(kl) == 2
     assert kl[0] == pytest.approx(0.0, abs=1e-6) and kl[1] > 1e-6
 
 
 def test_log_completions_fills_trls_table_one_entry_per_rollout(run):
-    _, out = run
+    _, out, _ = run
     table = pd.read_parquet(out / "completions" / "completions_00002.parquet")
     assert len(table) == 4
     assert all(p.startswith("task-") for p in table["prompt"])
     assert all("answer.txt" in c for c in table["completion"])
     assert {"calls_reward", "single_call_reward", "advantage", "calls_seen"} <= set(table.columns)
     assert table["calls_seen"].tolist() == [round(r * 6) for r in table["calls_reward"]]
+    assert table["prompt"].nunique() == 1  # a group's rollouts share their task's prompt: log_unique_prompts keeps 1
+
+
+def test_num_completions_to_print_prints_that_many_rollouts_per_log(run):
+    _, _, printed = run
+    tables = [t for t in re.split(r"Step \d+", printed) if "task-" in t]
+    assert len(tables) >= 2
+    assert all(t.count("task-") == 2 for t in tables), printed
+
+
+def test_sync_ref_model_syncs_the_reference_every_ref_model_sync_steps(run):
+    trainer, _, _ = run  # its second step's KL was against the initial policy (test above), then ref <- policy
+    for policy, reference in zip(trainer.model.parameters(), trainer.ref_model.parameters(), strict=True):
+        torch.testing.assert_close(reference, policy)
 
 
 def test_reward_functions_log_metric_is_flushed_as_trl_does(run):
-    trainer, _ = run
+    trainer, _, _ = run
     totals = [entry["custom/calls_total"] for entry in trainer.state.log_history if "custom/calls_total" in entry]
     assert len(totals) == 2 and all(t >= 4 for t in totals)
 
@@ -365,7 +552,7 @@ def test_reward_functions_log_metric_is_flushed_as_trl_does(run):
 def test_normalize_then_sum_gives_the_rollouts_advantages(run):
     import json
 
-    _, out = run
+    _, out, _ = run
     for step in (0, 1):
         saved = [json.loads(line) for line in (out / "rollouts" / f"step_{step:04d}.jsonl").open()]
         rewards = torch.tensor([[s["rewards"]["calls_reward"], s["rewards"]["single_call_reward"]] for s in saved])
