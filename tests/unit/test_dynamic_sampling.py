@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 import torch
 
 from aitlrt.rollout.runner import RolloutOutcome
@@ -200,3 +201,34 @@ def test_rows_per_rollout_counts_the_trained_rollouts_and_staleness_the_updates_
     trainer.state.global_step = 1
     trainer.training_step(trainer.model, inputs, None)
     assert m["staleness/max"] == [0.0, 1.0] and m["staleness/0"] == [1.0, 0.0]
+
+
+GPU_ONLY = pytest.mark.skipif(not torch.cuda.is_available(), reason="fp16's grad scaler and bf16 need a CUDA GPU")
+
+
+@pytest.mark.parametrize(
+    "precision", ["fp32", pytest.param("fp16", marks=GPU_ONLY), pytest.param("bf16", marks=GPU_ONLY)]
+)
+def test_skipped_steps_around_an_update_pass_the_grad_scaler_and_the_schedule(tmp_path, precision):
+    """A skipped first step, an update, a skipped step, through ``train()`` (on a GPU in fp16, with the Trainer's grad
+    scaler, and in bf16). The skipped steps change no weight and log a gradient norm of 0, the update changes them,
+    and the LR schedule counts all three steps."""
+    from transformers import TrainerCallback
+
+    flags = {} if precision == "fp32" else {precision: True}
+    trainer = make_trainer(tmp_path, max_sampling_rounds=1, max_steps=3, lr_scheduler_type="linear", **flags)
+    scripted(trainer, [[""] * 4, ["good", "", "half", "half"], [""] * 4])
+    snapshots = [[p.detach().clone() for p in trainer.model.parameters()]]
+
+    class Snapshot(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            snapshots.append([p.detach().clone() for p in trainer.model.parameters()])
+
+    trainer.add_callback(Snapshot())
+    trainer.train()
+    assert next(trainer.model.parameters()).is_cuda == (precision != "fp32" or torch.cuda.is_available())
+    changed = [any(not torch.equal(a, b) for a, b in zip(x, y, strict=True)) for x, y in itertools.pairwise(snapshots)]
+    assert changed == [False, True, False]
+    norms = [e["grad_norm"] for e in trainer.state.log_history if "grad_norm" in e]
+    assert norms[0] == 0.0 and norms[1] > 0 and norms[2] == 0.0
+    assert trainer.lr_scheduler.last_epoch == 3
