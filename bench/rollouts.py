@@ -1,6 +1,8 @@
 """Benchmark of agent rollouts, side by side in one run, against the scripted upstream (no model cost):
 
-1. per-rollout overhead (everything but waiting for the model): warm Aider workers vs the Aider CLI;
+1. per-rollout overhead (everything but waiting for the model): warm Aider workers vs the Aider CLI, and
+   mini-swe-agent's warm workers (fork servers) vs its ``mini`` CLI (one call that edits and submits, its command in
+   the sandbox), when its venv is there;
 2. workspace creation vs a full clone, on a real source tree (the installed ``transformers`` package made into
    a git repository): a fresh agent copy (the task's tree checked out by our trusted git, and a ``.git`` of one
    commit copied from the tree's seed: the first copy of a tree packs the seed), a recycled one (a used copy moved
@@ -20,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -29,6 +32,7 @@ from aitlrt.common.procs import free_port, wait_http
 from aitlrt.common.workspace import WorkspacePool, patch_of, workspace
 from aitlrt.rollout.agents.aider import AiderAgent, WarmAiderAgent
 from aitlrt.rollout.agents.base import AgentTask
+from aitlrt.rollout.agents.mini_swe import MiniSweAgent, miniswe_venv
 from aitlrt.rollout.runner import RolloutOutcome, RolloutRequest, RolloutRunner
 from aitlrt.serving.process import ServeProcess
 from aitlrt.tasks.sources import cache_local_repo, with_patch
@@ -55,6 +59,32 @@ def seconds_outside_the_model(outcomes: list[RolloutOutcome]) -> list[float]:
     return [o.timings["total_s"] - model_seconds(o) for o in outcomes]
 
 
+def miniswe_overhead(
+    runner: Callable[[MiniSweAgent], RolloutRunner], warm: MiniSweAgent, src: Path, base: str, upstream: str
+) -> tuple[list[tuple[str, str]], str]:
+    """mini-swe-agent's overhead per rollout, CLI vs warm, alternating after a warm-up: one scripted answer whose
+    command edits the file and submits (so one call, one sandboxed command, a trajectory written)."""
+    print("[bench] per-rollout overhead: mini-swe-agent CLI vs warm workers", flush=True)
+    command = f"echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && printf '{FIXED}' > calc.py"
+    reply = f"THOUGHT: fix it.\n\n```mswea_bash_command\n{command}\n```"
+    httpx.post(f"{upstream}/script", json={"match": "MINISWE-BENCH", "reply": reply}).raise_for_status()
+    task = AgentTask("calc-mini", "MINISWE-BENCH: fix add() in calc.py")
+    overhead(runner(warm), [RolloutRequest("mini-warmup", task, src, base)])
+    cli_out, warm_out = [], []
+    for i in range(4):
+        cli = MiniSweAgent(step_limit=2, warm=False)
+        cli_out += overhead(runner(cli), [RolloutRequest(f"mini-cli-{i}", task, src, base)])
+        warm_out += overhead(runner(warm), [RolloutRequest(f"mini-warm-{i}", task, src, base)])
+    bad = [o.status for o in cli_out + warm_out if o.status != "ok"]
+    cli_s, wrm = (statistics.median(seconds_outside_the_model(o)) for o in (cli_out, warm_out))
+    rows = [
+        ("overhead per rollout, mini-swe-agent CLI", f"{cli_s:.3f} s" + (f" ({bad})" if bad else "")),
+        ("overhead per rollout, mini-swe-agent warm (fork server)", f"{wrm:.3f} s"),
+        ("mini-swe-agent CLI / warm", f"{cli_s / wrm:.1f}x"),
+    ]
+    return rows, f"TARGET miniswe_warm_overhead_s {wrm:.3f} 0.2 {'PASS' if wrm <= 0.2 and not bad else 'MISS'}"
+
+
 def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = Path(tempfile.mkdtemp(prefix="aitlrt-bench-rollouts-"))
@@ -73,6 +103,7 @@ def main() -> None:
     rows: list[tuple[str, str]] = []
     targets: list[str] = []
     warm = WarmAiderAgent()
+    mini = MiniSweAgent(step_limit=2)
     try:
         wait_http(f"{upstream}/health", null)
         httpx.post(f"{upstream}/script", json={"match": "FIXIT", "reply": f"calc.py\n```python\n{FIXED}```\n"})
@@ -111,6 +142,10 @@ def main() -> None:
                 f"TARGET warm_overhead_s {wrm:.3f} 0.2 {'PASS' if wrm <= 0.2 else 'MISS'}",
                 f"TARGET cli_over_warm {cli / wrm:.1f} 15 {'PASS' if cli / wrm >= 15 else 'MISS'}",
             ]
+            if (miniswe_venv() / "bin" / "mini").exists():
+                mini_rows, mini_target = miniswe_overhead(runner, mini, src, base, upstream)
+                rows += mini_rows
+                targets.append(mini_target)
 
             # 3. throughput with a fixed-latency model
             rpm = {}
@@ -135,6 +170,7 @@ def main() -> None:
             targets.append(f"TARGET scaling_1_to_8 {eff8:.2f} 0.8 {'PASS' if eff8 >= 0.8 else 'MISS'}")
     finally:
         warm.close()
+        mini.close()
         null.terminate()
         null.wait(10)
 

@@ -202,3 +202,13 @@ def trace(url: str, rollout: str) -> list[dict]:
     resp = httpx.get(f"{url}/rollouts/{rollout}", headers=admin(url), timeout=30)
     assert resp.status_code == 200, resp.text
     return resp.json()["calls"]
+
+
+def cachetools_tasks(n: int) -> Path:
+    """The small generated cachetools tasks (files ≤ 200 lines) the tests share, at least ``n`` of them. Always made
+    2 first, then topped up: a top-up draws new candidates, so the file's tasks depend on the order of the requests,
+    and tests that name a task (``tests/unit/test_measures.py``) need the same file whichever test runs first."""
+    from aitlrt.training.dataset import generated_tasks
+
+    generated_tasks("pypi:cachetools==8.0.1", 2, 200)
+    return generated_tasks("pypi:cachetools==8.0.1", n, 200)

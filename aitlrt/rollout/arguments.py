@@ -48,8 +48,8 @@ class RolloutArguments:
         metadata={
             "help": "the agent (aitlrt.rollout.agents.make_agent): aider-warm (Aider in warm worker processes), aider "
             "(Aider's CLI, one process per rollout), single-call (one model call, its answer's edits applied), "
-            "mini-swe-agent (its text actions, every shell command sandboxed), mini-swe-agent-tools (tool calls: the "
-            "server needs tool_call_parser), command (the CLI agent of agent_command)"
+            "mini-swe-agent (its text actions in warm workers, every shell command sandboxed), mini-swe-agent-tools "
+            "(tool calls: the server needs tool_call_parser), command (the CLI agent of agent_command)"
         },
     )
     agent_command: str | None = field(
@@ -111,7 +111,8 @@ class RolloutArguments:
             "help": "test feedback: after an applied edit Aider runs the task's tests in the grader's sandbox "
             "(aitlrt.tasks.feedback: the work tree's patch graded on the grader's own copy) and, when they fail, "
             "sends their output back for another try, at most this many times per rollout; each round is one more "
-            "call, in the same conversation (the chat history is not summarised); 0: no test runs"
+            "call, in the same conversation (the chat history is not summarised); mini-swe-agent runs them when it "
+            "sends the command run-tests, which its task then offers; 0: no test runs"
         },
     )
     test_feedback_max_chars: int = field(

@@ -9,12 +9,10 @@ and each command's output. The oracle reads where the work stands from that and 
 2. **apply**: the fix as a unified diff piped to ``patch -p1`` from a here-document (GNU patch and ``nl`` are in
    the sandbox, which binds the host read-only; a diff line never starts with ```` ``` ```` nor reads ``EOF``, so
    neither mini's action fence nor the here-document ends early);
-3. **submit**: ``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`` (mini-swe-agent 2.x submits when that is the first
+3. **test**, where the rollout has test feedback (the task names ``run-tests``, ``aitlrt.rollout.agents.mini_swe``):
+   ``run-tests``, which grades the work tree on the grader's copy and prints that all its tests pass;
+4. **submit**: ``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`` (mini-swe-agent 2.x submits when that is the first
    line of a command's output).
-
-The failing tests are not run: the commands' sandbox binds no test environment (the system Python has no pytest,
-the task's environment lives in the hidden ``AITLRT_HOME``), and running them would leave ``__pycache__`` and
-``.pytest_cache`` in the patch.
 
 The task is the one whose problem statement the first user message holds. Generated tasks often share one (the same
 failing tests; 7 of 31 cachetools tasks, 15 of 18 toolz): then the candidates are inspected in turn, and the first
@@ -30,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from functools import cache
 from typing import Any
 
+from aitlrt.rollout.agents.mini_swe import TEST_ALIAS
 from aitlrt.warmstart.oracle import OracleFile, OracleTask, message_text
 
 SHELL = "shell"
@@ -127,13 +126,20 @@ def candidates(tasks: Sequence[OracleTask], messages: Sequence[Mapping[str, Any]
     return [t for t in tasks if t.problem_statement.strip() and t.problem_statement.strip() in first]
 
 
+def has_tests(messages: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the task (the first user message) offers ``run-tests``."""
+    first = next((message_text(m) for m in messages if m.get("role") == "user"), "")
+    return f"`{TEST_ALIAS}`" in first
+
+
 def next_step(tasks: Sequence[OracleTask], messages: Sequence[Mapping[str, Any]]) -> tuple[str, OracleTask | None]:
-    """What to do next (``inspect``, ``apply`` or ``submit``) and for which task: submit once a fix was applied or
-    when no task fits; else apply the first candidate whose inspected lines the outputs show, or inspect the first
-    not inspected yet, or apply the first with nothing to inspect (its fix only creates files)."""
+    """What to do next (``inspect``, ``apply``, ``test`` or ``submit``) and for which task: once a fix was applied,
+    test where the task offers it and that was not done yet, else submit; submit when no task fits; else apply the
+    first candidate whose inspected lines the outputs show, or inspect the first not inspected yet, or apply the
+    first with nothing to inspect (its fix only creates files)."""
     done = [c for m in messages if m.get("role") == "assistant" for c in commands(message_text(m))]
     if any(c.startswith(APPLY) or c == SUBMIT for c in done):
-        return "submit", None
+        return ("test" if has_tests(messages) and TEST_ALIAS not in done else "submit"), None
     output = {line.rstrip() for m in messages if m.get("role") == "user" for line in message_text(m).split("\n")}
     found = candidates(tasks, messages)
     for task in found:
@@ -158,4 +164,6 @@ def answer_shell(tasks: Sequence[OracleTask], messages: Sequence[Mapping[str, An
     if step == "apply" and task is not None:
         paths = ", ".join(f.path for f in task.files)
         return action(f"I found the bug. I will fix {paths} with a patch.", apply_command(task))
+    if step == "test":
+        return action("The fix is in place. Let me run the tests that decide the task.", TEST_ALIAS)
     return action("The fix is in place. I submit my changes.", SUBMIT)

@@ -10,6 +10,7 @@ from aitlrt.common.git import git
 from aitlrt.common.workspace import workspace
 from aitlrt.tasks.generate import library_files
 from aitlrt.tasks.sources import materialise, parse_source
+from tests.conftest import cachetools_tasks
 
 SOURCE = "pypi:cachetools==8.0.1"
 
@@ -58,10 +59,10 @@ def test_generation_reports_a_source_whose_suite_does_not_pass(tmp_path):
 
 
 def test_source_rows_are_the_generated_tasks_of_each_source():
-    from aitlrt.training.dataset import generated_tasks, source_rows
+    from aitlrt.training.dataset import source_rows
 
     rows = source_rows(["pypi:cachetools==8.0.1"], 2, 200)
-    cached = [json.loads(line) for line in generated_tasks("pypi:cachetools==8.0.1", 2, 200).read_text().splitlines()]
+    cached = [json.loads(line) for line in cachetools_tasks(2).read_text().splitlines()]
     assert [r["instance_id"] for r in rows] == [c["instance_id"] for c in cached[:2]]
     assert [r["prompt"] for r in rows] == [c["problem_statement"] for c in cached[:2]]
     assert all(r["patch"] and r["FAIL_TO_PASS"] for r in rows)

@@ -9,6 +9,7 @@ import re
 import subprocess
 import uuid
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import httpx
@@ -86,7 +87,8 @@ def test_the_shell_of_a_real_rollout_cannot_escape_and_its_edit_is_the_patch(
     outside = Path.home() / f".{mark}-escaped"
     sleeper = f"sleep {1000 + int(mark[3:9], 16) % 9000}.5"
     task = AgentTask("esc", f"{mark}: fix add() in calc.py")
-    with RolloutRunner(make_agent("mini-swe-agent", max_calls=5), proxy.url, "scripted", workspaces=tmp_path / "ws",
+    agent = make_agent("mini-swe-agent", max_calls=5)
+    with closing(agent), RolloutRunner(agent, proxy.url, "scripted", workspaces=tmp_path / "ws",
                        timeout_s=180, max_calls=5) as runner:  # fmt: skip
         victim = tmp_path / "ws" / "another-rollout" / "repo" / "secret.py"  # a workspace beside its own
         victim.parent.mkdir(parents=True)
@@ -121,8 +123,11 @@ def test_a_hung_command_is_killed_and_a_hung_agent_is_a_timeout(repo, scripted_u
     proxy = start_proxy(scripted_upstream)
     script(scripted_upstream, mark, "sleep 600")
     agent = make_agent("mini-swe-agent", max_calls=3)
-    agent.command_timeout_s = 2  # type: ignore[attr-defined]
-    with RolloutRunner(agent, proxy.url, "scripted", workspaces=tmp_path / "ws", timeout_s=60) as runner:
+    agent.command_timeout_s = 2
+    with (
+        closing(agent),
+        RolloutRunner(agent, proxy.url, "scripted", workspaces=tmp_path / "ws", timeout_s=60) as runner,
+    ):
         (out,) = runner.run([RolloutRequest(f"hung-{mark}", AgentTask("hung", f"{mark}: wait"), src, base)])
     # Each `sleep 600` is killed after 2 s and told to the model; the step limit ends the rollout, no edit made.
     assert out.status == "no_patch" and out.calls == 3, (out.status, out.reason, out.log_tail[-3000:])
@@ -131,7 +136,10 @@ def test_a_hung_command_is_killed_and_a_hung_agent_is_a_timeout(repo, scripted_u
     sleeper = f"sleep {600 + int(mark[4:10], 16) % 9000}.5"
     script(scripted_upstream, f"{mark}-LONG", sleeper)
     agent = make_agent("mini-swe-agent", max_calls=3)
-    with RolloutRunner(agent, proxy.url, "scripted", workspaces=tmp_path / "ws2", timeout_s=30) as runner:
+    with (
+        closing(agent),
+        RolloutRunner(agent, proxy.url, "scripted", workspaces=tmp_path / "ws2", timeout_s=30) as runner,
+    ):
         (out,) = runner.run([RolloutRequest(f"hung2-{mark}", AgentTask("long", f"{mark}-LONG"), src, base)])
     assert out.status == "timeout" and out.calls == 1, (out.status, out.reason, out.log_tail[-3000:])
     assert sleepers(sleeper) == []
@@ -168,7 +176,8 @@ def test_real_rollouts_on_the_bundled_model_and_their_rows(
     src, base = repo
     task = AgentTask("real", "Fix the bug in add() in calc.py: it must return a + b.")
     requests = [RolloutRequest(f"real-mini-{i}", task, src, base, seed=i) for i in range(2)]
-    with RolloutRunner(make_agent("mini-swe-agent", max_calls=4), served_256, model_dir.name,
+    agent = make_agent("mini-swe-agent", max_calls=4)
+    with closing(agent), RolloutRunner(agent, served_256, model_dir.name,
                        workspaces=tmp_path / "ws", timeout_s=400, max_calls=4, concurrency=1) as runner:  # fmt: skip
         outs = runner.run(requests)
     rows, calls, kept = [], [], []
@@ -191,7 +200,8 @@ def test_real_rollouts_on_the_bundled_model_and_their_rows(
 def test_tool_calling_mode_sends_its_bash_tool_through_the_proxy(repo, served_256, model_dir, tmp_path):
     src, base = repo
     task = AgentTask("tools", "Fix the bug in add() in calc.py: it must return a + b.")
-    with RolloutRunner(make_agent("mini-swe-agent-tools", max_calls=2), served_256, model_dir.name,
+    agent = make_agent("mini-swe-agent-tools", max_calls=2)
+    with closing(agent), RolloutRunner(agent, served_256, model_dir.name,
                        workspaces=tmp_path / "ws", timeout_s=300, max_calls=2) as runner:  # fmt: skip
         (out,) = runner.run([RolloutRequest("tools-mini-0", task, src, base, seed=0)])
     assert out.status in ("ok", "no_patch", "call_limit"), (out.status, out.reason, out.log_tail[-3000:])

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from aitlrt.rollout.agents.mini_swe import miniswe_venv
+from aitlrt.rollout.agents.mini_swe import TEST_ALIAS, miniswe_venv
 from aitlrt.tasks.loader import load_tasks
 from aitlrt.training.dataset import generated_tasks
 from aitlrt.warmstart.oracle_shell import APPLY, SUBMIT, commands
 from aitlrt.warmstart.sft import run_sft
+from tests.conftest import cachetools_tasks
 
 pytestmark = pytest.mark.skipif(not (miniswe_venv() / "bin" / "mini").exists(), reason="run jobs/setup.sh first")
 
@@ -42,7 +43,7 @@ def trajectories(*args: str | Path) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def task_file(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tasks = load_tasks(generated_tasks("pypi:cachetools==8.0.1", 4, 200), limit=2).tasks
+    tasks = load_tasks(cachetools_tasks(4), limit=2).tasks
     tasks += load_tasks(generated_tasks("pypi:cachetools==8.0.1", 31, 110), ids=set(SAME_STATEMENT)).tasks
     tasks += load_tasks(data_dir / "swesmith_webargs" / "tasks.jsonl", ids=set(WEBARGS)).tasks
     assert len(tasks) == 7 and len({t.problem_statement for t in tasks if t.instance_id in SAME_STATEMENT}) == 1
@@ -86,3 +87,27 @@ def test_mini_swe_agent_with_the_oracle_resolves_every_task_and_its_calls_train(
 
     refused = trajectories(*args, "--agent", "mini-swe-agent-tools", "--teacher", "oracle", "--out", tmp_path / "t")
     assert refused.returncode != 0 and "not in tool calls" in refused.stderr
+
+
+@pytest.mark.timeout(900)
+def test_with_test_feedback_the_oracle_runs_the_tests_in_minis_shell_and_reads_them_pass(task_file, tmp_path):
+    """``--test-feedback-rounds 1``: the task offers ``run-tests``; the oracle sends it after its fix, and the
+    observation mini-swe-agent appends is the feedback program's grade of the work tree (no deciding test fails)."""
+    two = tmp_path / "two.jsonl"
+    two.write_text("".join(task_file.read_text().splitlines(keepends=True)[:2]))
+    out, serve = tmp_path / "mini.jsonl", tmp_path / "serve"
+    args = ["--tasks", two, "--agent", "mini-swe-agent", "--concurrency", "2", "--timeout", "300"]
+    done = trajectories(*args, "--test-feedback-rounds", "1", "--teacher", "oracle", "--out", out, "--serve-dir", serve)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "2 rollouts, 2 kept (weighted reward >= 1.5)" in done.stdout, done.stdout[-4000:]
+    records = [json.loads(line) for line in (serve / "calls.jsonl").read_text().splitlines()]
+    by_rollout: dict[str, list[dict]] = {}
+    for record in sorted((r for r in records if "call_index" in r), key=lambda r: r["call_index"]):
+        by_rollout.setdefault(record["rollout_id"], []).append(record)
+    assert len(by_rollout) == 2
+    for calls in by_rollout.values():
+        steps = [commands(c["text"])[0] for c in calls]
+        assert steps[-2:] == [TEST_ALIAS, SUBMIT] and steps[-3].startswith(APPLY), steps
+        assert f"`{TEST_ALIAS}`" in calls[0]["request"]["messages"][1]["content"], "the task offers the tests"
+        observation = calls[-1]["request"]["messages"][-1]["content"]
+        assert "<returncode>0</returncode>" in observation and "AITLRT test feedback: all " in observation, observation

@@ -20,10 +20,10 @@ from aitlrt.rollout.agents.aider import aider_venv
 from aitlrt.rollout.batch import RolloutSettings
 from aitlrt.tasks.feedback import HEADER
 from aitlrt.tasks.loader import load_tasks
-from aitlrt.training.dataset import generated_tasks
 from aitlrt.warmstart.oracle import DECOY_COMMENT, decoy, feedback_turn, listed, render
 from aitlrt.warmstart.oracle_server import fix_patch, oracle_task
 from aitlrt.warmstart.trajectories import DEFAULT_REWARDS, Teacher, collect, policy_calls, reward_funcs
+from tests.conftest import cachetools_tasks
 
 pytestmark = pytest.mark.skipif(not (aider_venv() / "bin" / "aider").exists(), reason="run jobs/setup.sh first")
 
@@ -40,7 +40,7 @@ def journal(serve_dir: Path) -> dict[tuple[str, int], dict[str, Any]]:
 @pytest.fixture(scope="module", params=["diff", "whole"])
 def collected(request, tmp_path_factory, data_dir):
     out = tmp_path_factory.mktemp(f"multiturn-{request.param}")
-    tasks = load_tasks(generated_tasks("pypi:cachetools==8.0.1", 4, 200), limit=2).tasks
+    tasks = load_tasks(cachetools_tasks(4), limit=2).tasks
     tasks += load_tasks(data_dir / "swesmith_webargs" / "tasks.jsonl", ids={WEBARGS}).tasks
     assert [bool(t.files) for t in tasks] == [True, True, False]
     settings = RolloutSettings(edit_format=request.param, concurrency=2, timeout_s=300, test_feedback_rounds=1)
@@ -97,7 +97,7 @@ def test_the_oracle_answers_decoy_first_then_the_fix_from_the_tests_output(colle
 
 
 def test_the_trajectories_command_adds_multi_turn_rollouts_with_test_feedback(tmp_path):
-    tasks = generated_tasks("pypi:cachetools==8.0.1", 4, 200)
+    tasks = cachetools_tasks(4)
     out = tmp_path / "t.jsonl"
     cmd = [sys.executable, "-m", "aitlrt.cli", "trajectories", "--tasks", str(tasks), "--limit", "1"]
     cmd += ["--edit-format", "diff", "--test-feedback-rounds", "1", "--teacher", "oracle"]

@@ -26,7 +26,7 @@ from aitlrt.tasks.task import Task
 from aitlrt.training.dataset import generated_tasks
 from aitlrt.warmstart.oracle_server import fix_patch, oracle_task, serve_in_thread
 from aitlrt.warmstart.trajectories import DEFAULT_REWARDS, Teacher, collect, policy_calls, reward_funcs
-from tests.conftest import admin, chat, trace
+from tests.conftest import admin, cachetools_tasks, chat, trace
 
 WEBARGS = [  # single-file fixes in four files (core.py: two hunks; falconparser.py: three, re-adding methods)
     "marshmallow-code__webargs.dbde72fe.pr_974",
@@ -39,7 +39,7 @@ ROW_KEYS = {"prompt", "completion", "instance_id", "rollout_id", "call_index", "
 
 @pytest.fixture(scope="module")
 def cachetools_file() -> Path:
-    return generated_tasks("pypi:cachetools==8.0.1", 4, 200)
+    return cachetools_tasks(4)
 
 
 def _moved_lines(tasks: list[Task], strategy: str, taken: list[Task]) -> Task:

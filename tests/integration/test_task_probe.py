@@ -11,12 +11,11 @@ import sys
 from aitlrt.rollout.batch import served_model
 from aitlrt.tasks.difficulty import TaskDifficulty, read_difficulty, write_difficulty
 from aitlrt.training.curriculum import CurriculumSampler
-from aitlrt.training.dataset import generated_tasks
-from tests.conftest import keyed_env
+from tests.conftest import cachetools_tasks, keyed_env
 
 
 def test_probe_writes_the_sidecar_the_curriculum_draws_from(served, tmp_path):
-    lines = generated_tasks("pypi:cachetools==8.0.1", 2, 200).read_text().splitlines(keepends=True)[:2]
+    lines = cachetools_tasks(2).read_text().splitlines(keepends=True)[:2]
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(lines))
     ids = [json.loads(line)["instance_id"] for line in lines]

@@ -25,11 +25,11 @@ from aitlrt.tasks.grading import grade
 from aitlrt.tasks.loader import load_tasks
 from aitlrt.tasks.task import Task
 from aitlrt.training.config import AgentGRPOConfig
-from aitlrt.training.dataset import generated_tasks
 from aitlrt.training.rows import build_rows
 from aitlrt.warmstart import oracle_server
 from aitlrt.warmstart.oracle import render
 from aitlrt.warmstart.oracle_server import oracle_task
+from tests.conftest import cachetools_tasks
 
 pytestmark = pytest.mark.skipif(not (aider_venv() / "bin" / "aider").exists(), reason="run jobs/setup.sh first")
 
@@ -40,7 +40,7 @@ COMMENT = "# looked at this file first"
 @pytest.fixture(scope="module")
 def task() -> Task:
     """A generated cachetools task whose files are given up front (one call per answer, no "please add")."""
-    tasks = load_tasks(generated_tasks("pypi:cachetools==8.0.1", 4, 200), limit=4).tasks
+    tasks = load_tasks(cachetools_tasks(4), limit=4).tasks
     return next(t for t in tasks if len(t.files) == 1 and patches.changed_paths(t.patch) == list(t.files))
 
 

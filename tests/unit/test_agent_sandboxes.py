@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
@@ -68,3 +69,38 @@ def test_a_whole_agent_reaches_the_host_network_and_writes_its_own_folders(tmp_p
         )
     assert isolation.startswith("bwrap (network shared")
     assert out.split() == ["proxy=reached", "home=writable", "venv=readable", "venv=read-only", "other=hidden"], out
+
+
+ENV_SCRIPT = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from aitlrt_shell import SandboxedEnvironment
+env = SandboxedEnvironment(**json.loads(sys.argv[2]))
+print(json.dumps([env.execute({"command": c})["output"] for c in json.loads(sys.argv[3])]))
+"""
+
+
+def test_only_the_exact_test_alias_runs_the_feedback_program_outside_the_sandbox(tmp_path: Path):
+    """mini-swe-agent's ``run-tests``: the trusted feedback argv runs as given (here a stand-in that prints where it
+    runs); any other text, the alias with more on the line included, runs in the sandbox like every command."""
+    from aitlrt.rollout.agents.mini_swe import ENV_DIR, miniswe_venv
+
+    python = miniswe_venv() / "bin" / "python"
+    if not python.exists():
+        pytest.skip("run jobs/setup.sh first (mini-swe-agent's venv)")
+    workspace, trusted = tmp_path / "repo", tmp_path / "trusted"
+    workspace.mkdir()
+    trusted.mkdir()
+    (trusted / "feedback.sh").write_text(f"echo feedback in $PWD; echo ran > {trusted}/marker\n")
+    prefix, _ = shell_sandbox(workspace, timeout_s=5)
+    config = {"cwd": str(workspace), "sandbox": list(prefix), "test_command": ["bash", str(trusted / "feedback.sh")]}
+    commands = ["run-tests", f"run-tests; cat {trusted}/feedback.sh || echo hidden", "  run-tests\n"]
+    done = subprocess.run(
+        [str(python), "-c", ENV_SCRIPT, str(ENV_DIR), json.dumps(config), json.dumps(commands)],
+        capture_output=True, text=True, timeout=60, env={"MSWEA_SILENT_STARTUP": "1", "HOME": str(tmp_path)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    first, injected, spaced = json.loads(done.stdout)
+    assert first == spaced == f"feedback in {workspace}\n"
+    assert "hidden" in injected and "echo feedback" not in injected, "the longer line ran sandboxed, trusted/ unseen"
+    assert (trusted / "marker").read_text() == "ran\n"

@@ -17,8 +17,8 @@ from aitlrt.rewards.inputs import reward_row, score
 from aitlrt.rollout.runner import RolloutOutcome
 from aitlrt.tasks.loader import load_tasks
 from aitlrt.tasks.task import Task
-from aitlrt.training.dataset import generated_tasks
 from aitlrt.warmstart.oracle import edit_block
+from tests.conftest import cachetools_tasks
 
 TASK = "cachetools-8.0.1.invert_if__21ca41b0"
 PATH = "src/cachetools/_cached.py"
@@ -43,7 +43,7 @@ TERMS = (
 
 @pytest.fixture(scope="module")
 def task() -> Task:
-    (found,) = load_tasks(generated_tasks("pypi:cachetools==8.0.1", 4, 200), ids={TASK}).tasks
+    (found,) = load_tasks(cachetools_tasks(4), ids={TASK}).tasks
     return found
 
 

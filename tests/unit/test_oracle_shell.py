@@ -6,12 +6,13 @@ lines are, and diffs that ``patch`` applies to files without a final newline, cr
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from aitlrt.rollout.agents.mini_swe import miniswe_venv
+from aitlrt.rollout.agents.mini_swe import TEST_ALIAS, feedback_note, miniswe_venv
 from aitlrt.warmstart.oracle import OracleFile, OracleTask
 from aitlrt.warmstart.oracle_shell import (
     APPLY,
@@ -76,6 +77,19 @@ def test_inspect_apply_submit_leaves_the_fixed_files(tmp_path):
     assert steps[1].endswith("\n+    return a + b\nEOF")
     assert (tmp_path / "calc.py").read_text() == fixed
     assert sorted(p.name for p in tmp_path.iterdir()) == ["calc.py"]  # no .orig, no .rej
+
+
+def test_with_test_feedback_the_oracle_runs_the_tests_once_after_its_fix(tmp_path):
+    """A task that offers ``run-tests`` (mini-swe-agent's note) gets inspect, apply, run-tests, submit."""
+    fixed = CALC.replace("return a - b", "return a + b")
+    oracle = task("calc", OracleFile("calc.py", CALC, fixed), statement=STATEMENT + feedback_note(1))
+    write(tmp_path, {"calc.py": CALC, "run-tests": "#!/bin/sh\necho 'AITLRT test feedback: all 3 tests pass'\n"})
+    (tmp_path / "run-tests").chmod(0o755)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")  # a stand-in for the alias
+        steps = [commands(a)[0] for a in play(tmp_path, [oracle])]
+    assert steps == [inspection(oracle)[0], apply_command(oracle), TEST_ALIAS, SUBMIT]
+    assert (tmp_path / "calc.py").read_text() == fixed
 
 
 def test_tasks_sharing_a_statement_are_told_apart_by_the_lines_shown(tmp_path):

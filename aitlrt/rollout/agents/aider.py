@@ -13,21 +13,16 @@ from __future__ import annotations
 
 import json
 import os
-import queue
-import select
 import shlex
-import shutil
-import subprocess
-import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aitlrt.common.paths import aitlrt_home, scratch_dir
-from aitlrt.common.procs import kill_group, run_process_group, start_session, tail
+from aitlrt.common.paths import aitlrt_home
+from aitlrt.common.procs import run_process_group, tail
 from aitlrt.common.workspace import Workspace
 from aitlrt.rollout.agents.base import AgentExit, AgentTask, ModelEndpoint
+from aitlrt.rollout.agents.worker_pool import WarmWorkers, Worker
 
 AIDER_VERSION = "0.86.2"
 WEAK_TAG = "weak"
@@ -192,48 +187,8 @@ def agent_env(home: Path) -> dict[str, str]:
     }
 
 
-class _Worker:
-    """One ``aider_worker.py`` process in its own process group."""
-
-    def __init__(self, venv: Path, scratch: Path) -> None:
-        scratch.mkdir(parents=True, exist_ok=True)
-        self.log = scratch / "worker.log"
-        with open(self.log, "ab") as log:
-            self.proc = start_session(
-                [
-                    str(venv / "bin" / "python"),
-                    "-u",
-                    str(Path(__file__).with_name("aider_worker.py")),
-                    str(os.getpid()),
-                ],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                env=agent_env(scratch),
-                cwd="/",
-                text=True,
-                bufsize=1,
-            )
-        assert self.proc.stdin is not None and self.proc.stdout is not None  # both are pipes
-        self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
-        self.jobs = 0
-        self.ready = False
-
-    def read(self, timeout_s: float) -> dict | None:
-        """The next protocol line, or None on timeout or death."""
-        ready, _, _ = select.select([self.stdout], [], [], max(timeout_s, 0.0))
-        line = self.stdout.readline() if ready else ""
-        return json.loads(line) if line else None
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def kill(self) -> None:
-        kill_group(self.proc)
-
-
 @dataclass
-class WarmAiderAgent(AiderAgent):
+class WarmAiderAgent(AiderAgent, WarmWorkers):
     """Aider in warm worker processes: start-up is paid once per worker, not per rollout.
 
     Each worker runs one rollout at a time, exactly as the CLI would (same arguments, ``aider.main.main``).
@@ -246,50 +201,12 @@ class WarmAiderAgent(AiderAgent):
     """Aider's retries within a rollout besides the task's test rounds, which come on top (the test command counts
     its own rounds)."""
     jobs_per_worker: int = 50
-    start_timeout_s: float = 120.0
     name: str = "aider-warm"
-    _idle: queue.LifoQueue = field(default_factory=queue.LifoQueue, init=False, repr=False)  # hottest first
-    _all: list = field(default_factory=list, init=False, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    worker_name = "Aider worker"
 
-    def prestart(self, n: int, wait: bool = False) -> None:
-        """Start ``n`` more workers now; with ``wait``, return once they are ready."""
-        workers = [self._spawn() for _ in range(n)]
-        for worker in workers:
-            if wait:
-                self._ready(worker)
-            self._idle.put(worker)
-
-    def _ready(self, worker: _Worker) -> None:
-        if not worker.ready:
-            hello = worker.read(self.start_timeout_s)
-            if not hello or not hello.get("ready"):
-                self._retire(worker)
-                raise RuntimeError(f"Aider worker did not start: {tail(worker.log)}")
-            worker.ready = True
-
-    def _spawn(self) -> _Worker:
-        worker = _Worker(self.venv, scratch_dir() / "aider-workers" / f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        with self._lock:
-            self._all.append(worker)
-        return worker
-
-    def _retire(self, worker: _Worker) -> None:
-        worker.kill()
-        with self._lock:
-            self._all.remove(worker)
-        shutil.rmtree(worker.log.parent, ignore_errors=True)
-
-    def _take(self) -> _Worker:
-        try:
-            worker = self._idle.get_nowait()
-        except queue.Empty:
-            worker = self._spawn()
-        if not worker.alive():
-            self._retire(worker)
-            return self._take()
-        self._ready(worker)
-        return worker
+    def _new_worker(self, scratch: Path) -> Worker:
+        script = Path(__file__).with_name("aider_worker.py")
+        return Worker(self.venv / "bin" / "python", script, agent_env(scratch), scratch)
 
     def run(self, task: AgentTask, ws: Workspace, endpoint: ModelEndpoint, timeout_s: float) -> AgentExit:
         if not (self.venv / "bin" / "python").exists():
@@ -306,7 +223,7 @@ class WarmAiderAgent(AiderAgent):
             "log": str(log),
             "max_reflections": self.max_reflections + task.test_rounds,
         }
-        worker.stdin.write(json.dumps(job) + "\n")
+        worker.send(job)
         reply = worker.read(timeout_s - (time.monotonic() - start))
         seconds = time.monotonic() - start
         if reply is None:
@@ -314,14 +231,5 @@ class WarmAiderAgent(AiderAgent):
             self._retire(worker)
             code = None if timed_out else worker.proc.returncode
             return AgentExit(code, timed_out, tail(log) + tail(worker.log, 2000), seconds)
-        worker.jobs += 1
-        if worker.jobs >= self.jobs_per_worker:
-            self._retire(worker)
-        else:
-            self._idle.put(worker)
+        self._release(worker)
         return AgentExit(reply["exit_code"], False, tail(log), seconds)
-
-    def close(self) -> None:
-        """Stop every worker."""
-        for worker in list(self._all):
-            self._retire(worker)
