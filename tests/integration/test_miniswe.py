@@ -8,7 +8,7 @@ import json
 import re
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import closing
 from pathlib import Path
 
@@ -33,13 +33,8 @@ pytestmark = pytest.mark.skipif(not (miniswe_venv() / "bin" / "mini").exists(), 
 
 
 @pytest.fixture
-def repo(tmp_path: Path) -> tuple[Path, str]:
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "calc.py").write_text(BASE)
-    git("init", "-q", cwd=src)
-    git("add", "-A", cwd=src)
-    git("commit", "-q", "-m", "base", cwd=src)
+def repo(make_repo: Callable[..., Path]) -> tuple[Path, str]:
+    src = make_repo({"calc.py": BASE}, name="src")
     return src, git("rev-parse", "HEAD", cwd=src).strip()
 
 
