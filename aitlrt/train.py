@@ -113,9 +113,9 @@ def run(
     from aitlrt.tasks.sandbox import require_isolation
     from aitlrt.training.config import (
         heldout_weights,
+        managed_serve_args,
         model_init_kwargs,
         refuse_unsupported_model_args,
-        served_model_flags,
     )
     from aitlrt.training.dataset import run_tasks
     from aitlrt.training.model_card import recipe_file, write_model_card
@@ -146,15 +146,7 @@ def run(
     if script.serve == "managed":
         if state.num_processes > 1 and not config.proxy_url:
             raise SystemExit("aitlrt train: with several processes start aitlrt-serve yourself and pass --serve URL")
-        extra_args = shlex.split(script.serve_args)
-        if "--request-timeout" not in extra_args:  # a hung vLLM fails its calls (504: unscorable, counted towards
-            # max_unscorable_steps) well before the rollout's timeout, which is the policy's failure (0)
-            extra_args += ["--request-timeout", str(max(30.0, config.rollout_timeout_s / 2))]
-        if config.tool_call_parser and "--tool-call-parser" not in extra_args:
-            extra_args += ["--enable-auto-tool-choice", "--tool-call-parser", config.tool_call_parser]
-        extra_args += served_model_flags(load, extra_args)
-        if config.weight_sync == "nccl" and "--weight-transfer-config" not in extra_args:
-            extra_args += ["--weight-transfer-config", '{"backend": "nccl"}']  # the engine trl's client streams into
+        extra_args = managed_serve_args(shlex.split(script.serve_args), config, load)
         server = managed_server(
             model_path,
             out_dir / "serve",

@@ -88,6 +88,24 @@ def served_model_flags(kwargs: dict[str, Any], given: Sequence[str] = ()) -> lis
     return [word for flag, value in flags.items() if flag not in named for word in (flag, *value)]
 
 
+def managed_serve_args(given: list[str], config: AgentGRPOConfig, kwargs: dict[str, Any]) -> list[str]:
+    """``aitlrt-serve``'s arguments for the server ``train.py`` manages: the ``given`` ones (``serve_args``), then
+    each flag the run needs unless ``given`` names it (as ``--flag value`` or ``--flag=value``): a request timeout
+    (a hung vLLM fails its calls, 504: unscorable, counted towards ``max_unscorable_steps``, well before the rollout's
+    timeout, which is the policy's failure), the tool-call parser, the model's revision (``served_model_flags``) and
+    the NCCL weight-transfer engine trl's client streams into."""
+    named = {arg.split("=")[0] for arg in given}
+    args = list(given)
+    if "--request-timeout" not in named:
+        args += ["--request-timeout", str(max(30.0, config.rollout_timeout_s / 2))]
+    if config.tool_call_parser and "--tool-call-parser" not in named:
+        args += ["--enable-auto-tool-choice", "--tool-call-parser", config.tool_call_parser]
+    args += served_model_flags(kwargs, given)
+    if config.weight_sync == "nccl" and "--weight-transfer-config" not in named:
+        args += ["--weight-transfer-config", '{"backend": "nccl"}']
+    return args
+
+
 @dataclass
 class AgentGRPOConfig(RolloutArguments, ServerArguments, StepArguments, CurriculumArguments, GRPOConfig):
     """``GRPOConfig`` whose generation step is parallel agent rollouts through ``aitlrt-serve``.

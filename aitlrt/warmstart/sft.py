@@ -138,7 +138,8 @@ def fitting_rows(rows: list[ChatRow], tokenizer: PreTrainedTokenizerBase, max_le
         raise SftDataError(f"every one of the {len(rows)} rows is longer than max_length {max_length} tokens")
     if dropped:
         log.warning(
-            "%d of %d rows are longer than max_length %d tokens: dropped (truncation would cut their completion)",
+            "%d of %d rows are longer than max_length %d tokens: dropped (truncation would cut their completion); "
+            "--max_length N (a training run's warm_start_args) keeps them",
             dropped,
             len(rows),
             max_length,

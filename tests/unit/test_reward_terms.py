@@ -33,6 +33,7 @@ def test_a_block_the_oracle_writes_reads_back_as_its_search_and_replace_texts():
     assert edit_blocks(answer) == [pair]
     assert edit_blocks(answer.replace(SEARCH, "<<<<< SEARCH>").replace(REPLACE, ">>>>>>>>> REPLACE")) == [pair]
     assert edit_blocks(answer.split(DIVIDER)[0]) == []  # cut after SEARCH: no block
+    assert edit_blocks(answer.replace(REPLACE, REPLACE + ">")) == []  # Aider's UPDATED line takes no stray ">"
     assert all(is_marker(line) for line in (SEARCH, f"  {DIVIDER}  ", REPLACE, "<<<<<<<<< SEARCH>"))
     assert not any(is_marker(line) for line in ("<<<< SEARCH", "== x", "# ======= REPLACE"))
 

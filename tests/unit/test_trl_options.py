@@ -28,6 +28,7 @@ from aitlrt.training.advantages import normalized_sum_advantages
 from aitlrt.training.config import (
     GENERATION_ENGINE_OPTIONS,
     AgentGRPOConfig,
+    managed_serve_args,
     model_init_kwargs,
     refuse_unsupported_model_args,
     served_model_flags,
@@ -407,6 +408,22 @@ def test_the_model_is_loaded_as_trls_script_does(tmp_path):
     flags = ["--trust-remote-code", "--revision", "v2", "--tokenizer-revision", "v2"]
     assert served_model_flags(load) == flags
     assert served_model_flags(load, ["--revision=v3", "--trust-remote-code"]) == ["--tokenizer-revision", "v2"]
+
+
+def test_the_managed_servers_flags_are_added_unless_serve_args_name_them(tmp_path):
+    """``train.py``'s managed server gets a request timeout, the tool-call parser and the model's revision unless
+    ``serve_args`` names them, in either spelling (``--flag value``, ``--flag=value``)."""
+    run = config(tmp_path, tool_call_parser="hermes", rollout_timeout_s=300)
+    load = {"revision": "v2"}
+    added = managed_serve_args(["--enforce-eager"], run, load)
+    assert added == ["--enforce-eager", "--request-timeout", "150.0", "--enable-auto-tool-choice",
+                     "--tool-call-parser", "hermes", "--revision", "v2", "--tokenizer-revision", "v2"]  # fmt: skip
+    for spelling in (
+        ["--request-timeout", "9", "--tool-call-parser", "x"],
+        ["--request-timeout=9", "--tool-call-parser=x"],
+    ):
+        args = managed_serve_args(spelling, run, load)
+        assert args == [*spelling, "--revision", "v2", "--tokenizer-revision", "v2"], spelling
 
 
 def test_use_bias_correction_kl_weighs_the_kl_by_trls_ratio(tmp_path):

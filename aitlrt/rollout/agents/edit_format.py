@@ -14,9 +14,9 @@ A block, as Aider's own examples write it::
     >>>>>>> REPLACE
     ```
 
-Aider accepts 5 to 9 marker characters and a stray ``>`` after SEARCH. ``edit_blocks`` also takes one after REPLACE,
-which Aider does not (its UPDATED line is ``>{5,9} REPLACE`` alone): the format rewards have always read blocks so, and
-their values stay as they were.
+Aider accepts 5 to 9 marker characters and a stray ``>`` after SEARCH, not after REPLACE (its UPDATED line is
+``>{5,9} REPLACE`` alone): a block closed by ``>>>>>>> REPLACE>`` is none, to Aider and to the rewards alike, so
+that no format term pays a block Aider never applies.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ SEARCH, DIVIDER, REPLACE = "<<<<<<< SEARCH", "=======", ">>>>>>> REPLACE"
 _HEAD, _DIVIDER, _UPDATED = r"<{5,9} SEARCH>?", r"={5,9}", r">{5,9} REPLACE"
 """The marker lines as Aider reads them (``HEAD``, ``DIVIDER``, ``UPDATED``)."""
 _MARKER = re.compile(rf"^({_HEAD}|{_DIVIDER}|{_UPDATED})\s*$")
-_BLOCK = re.compile(rf"^{_HEAD}[ \t]*\n(.*?)^{_DIVIDER}[ \t]*\n(.*?)^{_UPDATED}>?[ \t]*$", re.M | re.S)
+_BLOCK = re.compile(rf"^{_HEAD}[ \t]*\n(.*?)^{_DIVIDER}[ \t]*\n(.*?)^{_UPDATED}[ \t]*$", re.M | re.S)
 """A whole block: its HEAD, DIVIDER and UPDATED lines in order, with the SEARCH and REPLACE texts as its groups."""
 
 
