@@ -124,13 +124,17 @@ def _import_root_entry(path: str) -> str:
     return "/".join(parts[:2]) if parts[0] == "src" and len(parts) > 1 else parts[0]
 
 
+def changed_paths(repo: Path) -> list[str]:
+    """The paths the work tree of the grader's copy ``repo`` changed, added or deleted, ignored ones included."""
+    flags = ("--porcelain", "-z", "--untracked-files=all", "--ignored=traditional", "--no-renames")
+    return [entry[3:] for entry in git("status", *flags, cwd=repo).split("\0") if entry]
+
+
 def restore_infrastructure(repo: Path, base: str, targets: list[str]) -> list[str]:
     """Put every protected path the work tree changed back as ``base`` has it (new ones removed); return them.
     New entries at the top of an import root go too: ahead of the test venv on ``PYTHONPATH``, a new ``pytest.py``
     or ``json/`` would shadow pytest or the standard library (a fake pytest could speak the grader's channel)."""
-    flags = ("--porcelain", "-z", "--untracked-files=all", "--ignored=traditional", "--no-renames")
-    status = git("status", *flags, cwd=repo)
-    changed = [entry[3:] for entry in status.split("\0") if entry]
+    changed = changed_paths(repo)
     entries = set(git("ls-tree", "-z", "--name-only", base, "--", ".", "src/", cwd=repo).split("\0")) - {""}
     restored = sorted(p for p in changed if protected(p, targets) or _import_root_entry(p) not in entries)
     if not restored:
@@ -194,10 +198,11 @@ def run_grade(
         if why := apply_patch(ws.repo, patch):
             return Grade("patch_failed", reason=why, seconds=time.monotonic() - started), None
         restored = tuple(restore_infrastructure(ws.repo, inputs.base, list(inputs.targets)))
+        patched = changed_paths(ws.repo)  # the patch's files: the library's own unchanged code is the base's
         if why := apply_patch(ws.repo, inputs.test_patch):
             failed = Grade("test_patch_failed", reason=why, seconds=time.monotonic() - started, restored=restored)
             return failed, None
-        run = run_pytest(inputs.env, ws.repo, inputs.targets, timeout)
+        run = run_pytest(inputs.env, ws.repo, inputs.targets, timeout, patched=patched)
     status, reason, f2p, p2p = _grade_run(inputs, run)
     if restored:
         reason = f"{reason}; test infrastructure put back: {', '.join(restored[:5])}".lstrip("; ")

@@ -103,8 +103,12 @@ def _with_cut_ids(statuses: dict[str, str]) -> dict[str, str]:
     return out
 
 
-def run_pytest(env: TestEnv, repo: Path, targets: Sequence[str], timeout: float) -> TestRun:
-    """Run ``env``'s test command on ``targets`` (files or ids; all when empty) in ``repo``, sandboxed."""
+def run_pytest(
+    env: TestEnv, repo: Path, targets: Sequence[str], timeout: float, patched: Sequence[str] | None = None
+) -> TestRun:
+    """Run ``env``'s test command on ``targets`` (files or ids; all when empty) in ``repo``, sandboxed. ``patched``:
+    the paths (relative to ``repo``) a graded patch changed; an import hook the library's own unchanged code installs
+    (toolz's ``tlz``) is then no tampering. None: every file of ``repo`` may be the patch's."""
     nonce = secrets.token_hex(16)
     result_r, result_w = os.pipe()
     nonce_r, nonce_w = os.pipe()
@@ -123,6 +127,7 @@ def run_pytest(env: TestEnv, repo: Path, targets: Sequence[str], timeout: float)
         "COLUMNS": "240",
         "AITLRT_GRADE_FD": str(result_w),
         "AITLRT_GRADE_NONCE_FD": str(nonce_r),
+        **({"AITLRT_GRADE_PATCHED": json.dumps(list(patched))} if patched is not None else {}),
     }
     line = " ".join([env.spec.test_cmd, *map(shlex.quote, [*CHANNEL_ARGS, *targets])])
     result = run_sandboxed(

@@ -138,3 +138,49 @@ def test_the_plugin_is_written_for_old_pythons():
     tree = ast.parse(source, feature_version=(3, 8))
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and any(k.arg == "strict" for k in n.keywords)]
     assert calls == []  # zip(strict=...) is 3.10+
+
+
+FINDER_LIB = (
+    "import sys\n"
+    "class LibFinder:\n"  # what toolz's tlz does: an import hook of the library's own, installed at import
+    "    def find_spec(self, name, path=None, target=None):\n"
+    "        return None\n"
+    "sys.meta_path.append(LibFinder())\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("patched", "user", "tampered"),
+    [
+        (None, "", True),  # no patched files named: any workspace finder may be the patch's (as before)
+        ([], "", False),  # the library's own unchanged hook is the base's behaviour
+        (["finder_lib.py"], "", True),  # the patch changed the file that defines the hook
+        (["user.py"], "import finder_lib\nfinder_lib.LibFinder.find_spec = lambda *a, **k: None\n", True),
+        (
+            ["user.py"],
+            "import sys, finder_lib\nf = finder_lib.LibFinder()\nf.find_spec = lambda *a, **k: None\n"
+            "sys.meta_path.append(f)\n",
+            True,
+        ),
+        (
+            ["user.py"],
+            "import sys\nexec('class X:\\n    def find_spec(self, *a):\\n        return None\\n'"
+            "'sys.meta_path.append(X())\\n', {'sys': sys, '__name__': 'finder_lib'})\n",
+            True,
+        ),
+    ],
+    ids=["unnamed", "unchanged-library", "patched-library", "swapped-method", "instance-method", "exec-class"],
+)
+def test_an_import_hook_is_tampering_unless_the_librarys_unchanged_code_installs_it(
+    this_env, make_repo, patched, user, tampered
+):
+    repo = make_repo(
+        {
+            "finder_lib.py": FINDER_LIB,
+            "user.py": user or "x = 1\n",
+            "tests/test_lib.py": "import finder_lib, user\ndef test_it():\n    assert True\n",
+        }
+    )
+    run = run_pytest(this_env, repo, ["tests/test_lib.py"], timeout=120, patched=patched)
+    assert run.statuses == {"tests/test_lib.py::test_it": "PASSED"}, run.output[-2000:]
+    assert any("sys.meta_path gained" in p for p in run.problems) == tampered, run.problems

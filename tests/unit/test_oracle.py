@@ -428,7 +428,7 @@ def test_the_warm_start_key_changes_with_test_feedback_only():
 
     plain = RolloutSettings(max_calls=None)  # the key pinned when max_calls had no default
     key = cache_key("oracle", [], "/m", plain, ["--epochs", "1"])
-    assert key == "81cce311ec457891"  # what the keys were before test feedback: cached warm starts are reused
+    assert key == "1df027195b053621"  # pinned (RECIPE_VERSION 2): a key changes only with what shapes the warm start
     assert cache_key("oracle", [], "/m", replace(plain, test_feedback_max_chars=10), ["--epochs", "1"]) == key
     # test feedback on: the oracle's trajectories include multi-turn ones, another warm start
     on = replace(plain, test_feedback_rounds=1)

@@ -17,6 +17,7 @@ records (see docs/tasks-and-rewards.md, "What the grader trusts").
 
 from __future__ import annotations
 
+import _imp
 import inspect
 import json
 import os
@@ -101,6 +102,12 @@ def _fingerprint() -> dict[str, tuple[int, int]]:
 _AT_IMPORT = _fingerprint()
 _META_PATH = list(sys.meta_path)
 _WORKSPACE = os.getcwd() + os.sep
+_PATCHED = (
+    None
+    if "AITLRT_GRADE_PATCHED" not in os.environ
+    else {os.path.join(_WORKSPACE, p) for p in json.loads(os.environ["AITLRT_GRADE_PATCHED"])}
+)
+"""The files the graded patch changed (the grader's ``AITLRT_GRADE_PATCHED``); None: any workspace file may be."""
 _impls: set[tuple[int, int]] = set()
 _config: pytest.Config | None = None
 _tampered: set[str] = set()
@@ -142,14 +149,48 @@ def _foreign_impls(config: pytest.Config) -> list[str]:
     return foreign
 
 
+def _unchanged_library(filename: str) -> bool:
+    """Whether ``filename`` is a workspace file the graded patch did not change (none is, when the grader named no
+    patched files)."""
+    return (
+        _PATCHED is not None
+        and filename.startswith(_WORKSPACE)
+        and filename not in _PATCHED
+        and os.path.isfile(filename)
+    )
+
+
+def _workspace_class(klass: type) -> bool:
+    """Whether ``klass`` comes from the workspace (its module's file is there) or from no file at all (not a
+    built-in or frozen module: code the patch ran through ``exec``)."""
+    name = klass.__module__
+    filename = getattr(sys.modules.get(name), "__file__", None)
+    if filename:
+        return filename.startswith(_WORKSPACE)
+    return name not in sys.builtin_module_names and not _imp.is_frozen(name)
+
+
+def _patch_finder(finder: Any) -> bool:
+    """Whether the patch's code may decide what ``finder`` (an import hook) does: a class of its from the workspace
+    whose module is not an unchanged library file, or a method (of such a class, or the instance's own attribute:
+    the patch could swap one of a library finder's methods for its own) whose code is not in one."""
+    own = [klass for klass in type(finder).__mro__ if _workspace_class(klass)]
+    if any(not _unchanged_library(getattr(sys.modules.get(k.__module__), "__file__", None) or "") for k in own):
+        return True
+    attrs = [value for klass in own for value in vars(klass).values()]
+    attrs += list(getattr(finder, "__dict__", {}).values())
+    for attr in attrs:
+        code = getattr(getattr(attr, "__func__", attr), "__code__", None)  # classmethod, staticmethod, bound
+        if code is not None and not _unchanged_library(code.co_filename):
+            return True
+    return False
+
+
 def _foreign_finders() -> list[str]:
-    """Import hooks added since import by the code under test (a finder could rewrite the test modules)."""
+    """Import hooks added since import whose behaviour the patch's code may decide (a finder could rewrite the test
+    modules); a hook of the library's own unchanged code (toolz's ``tlz`` installs one) is the base's behaviour."""
     added = [f for f in sys.meta_path if f not in _META_PATH]
-    return [
-        f"sys.meta_path gained {type(f).__name__}"
-        for f in added
-        if _from_workspace(getattr(sys.modules.get(type(f).__module__), "__file__", None) or "")
-    ]
+    return [f"sys.meta_path gained {type(f).__name__}" for f in added if _patch_finder(f)]
 
 
 def _check() -> None:
