@@ -1,5 +1,6 @@
 """Does training make the agent better on tasks it did not train on? ``python bench/learning.py`` (no arguments: the
-embedded recipe, ``configs/cpu_demo.yaml``).
+embedded recipe, ``configs/cpu_demo.yaml``; ``--config configs/cpu_demo_miniswe.yaml``: the same recipe with
+mini-swe-agent, whose TARGET line ``miniswe_heldout_resolve_above_warm`` names its agent).
 
 The tasks of the recipe are split into training and held-out tasks (``aitlrt.tasks.split``: no mutated function in
 both, and at least one file held out whole). The recipe's warm start (oracle teacher + ``aitlrt sft`` on its
@@ -48,6 +49,10 @@ from typing import Any, Literal
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 CONFIG = ROOT / "configs" / "cpu_demo.yaml"
+"""The recipe (``--config``): the embedded one, the README's main job's."""
+AGENT_TARGETS = {"aider-warm": "aider", "mini-swe-agent": "miniswe", "mini-swe-agent-tools": "miniswe_tools"}
+"""The prefix of the TARGET line that names the run's agent (``agent_target``); an agent not listed: its name, ``-``
+as ``_``."""
 SEEDS = tuple(int(s) for s in os.environ.get("AITLRT_BENCH_SEEDS", "0,1,2").split(","))
 """Seeds 0, 1, 2; ``AITLRT_BENCH_SEEDS=1`` (a comma-separated list) for a partial run."""
 HELDOUT_ROLLOUTS = 8
@@ -79,12 +84,18 @@ def write_rows(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def rl_config(folder: Path) -> Path:
-    """The recipe's config for GRPO from a warm start made already (``warm_and_rl``): its warm-start keys dropped,
-    written into ``folder``."""
+def agent_target(agent: str) -> str:
+    """The name of the TARGET line of ``agent``'s arm: its held-out resolve rate after GRPO above the warm start's
+    (``miniswe_heldout_resolve_above_warm`` for ``mini-swe-agent``, ``aider_...`` for Aider)."""
+    return f"{AGENT_TARGETS.get(agent, agent.replace('-', '_'))}_heldout_resolve_above_warm"
+
+
+def rl_config(folder: Path, recipe: Path) -> Path:
+    """The recipe's config (``--config``) for GRPO from a warm start made already (``warm_and_rl``): its warm-start
+    keys dropped, written into ``folder``."""
     import yaml
 
-    config = yaml.safe_load(CONFIG.read_text())
+    config = yaml.safe_load(recipe.read_text())
     for key in [k for k in config if k.startswith("warm_start")]:
         del config[key]
     path = folder / "grpo_config.yaml"
@@ -94,14 +105,14 @@ def rl_config(folder: Path) -> Path:
 
 
 def grpo(
-    seed: int, tasks: Path, warm: Path, out: Path, serve_args: str, extra: Sequence[str] = ()
+    seed: int, tasks: Path, warm: Path, out: Path, recipe: Path, serve_args: str, extra: Sequence[str] = ()
 ) -> tuple[int, int, int]:
     """``aitlrt/train.py`` on the training tasks from the warm start; (updates, skipped, zero-gradient updates)."""
     cmd = [
         sys.executable,
         str(ROOT / "aitlrt" / "train.py"),
         "--config",
-        str(rl_config(out.parent)),
+        str(rl_config(out.parent, recipe)),
         "--tasks",
         str(tasks),
         "--heldout_share",
@@ -148,6 +159,7 @@ def main() -> None:
 
     cli = argparse.ArgumentParser(description=__doc__.partition("\n\n")[0])
     cli.add_argument("--validate", action="append", default=[], metavar="ARGS", help="train.py arguments to compare")
+    cli.add_argument("--config", type=Path, default=CONFIG, help="the recipe (default: the embedded one, %(default)s)")
     cli.add_argument("--seeds", default="0", help="with --validate: GRPO seeds per variant, comma-separated")
     cli.add_argument("--validate_from", nargs="+", default=[], metavar="SOURCE",
                      help="with --validate: also validate on these sources' generated tasks (packages nothing trains "
@@ -159,12 +171,15 @@ def main() -> None:
     setup_logging()
     started = time.monotonic()
     parser = TrlParser((AgentScriptArguments, AgentGRPOConfig, ModelConfig))  # type: ignore[arg-type]
-    script, config, model_args = parser.parse_args_and_config(["--config", str(CONFIG), "--output_dir", "/tmp/x"])
+    recipe = args.config.resolve()
+    script, config, model_args = parser.parse_args_and_config(["--config", str(recipe), "--output_dir", "/tmp/x"])
     out = Path(
         os.environ.get("AITLRT_BENCH_OUT")
         or ROOT / "runs" / ("bench_validate" if validating else "bench_learning") / time.strftime("%Y%m%d-%H%M%S")
     )
     print(f"[bench] everything goes to {out}", flush=True)
+    shown = recipe.relative_to(ROOT) if recipe.is_relative_to(ROOT) else recipe
+    print(f"RUN config={shown} agent={config.agent}", flush=True)  # the row of bench/results.py keeps them
     rows = load_task_rows(script)
     train, heldout = split_heldout(rows, script.heldout_share, script.heldout_files, script.heldout_seed)
     if validating:  # the held-out tasks are set aside unseen; the training tasks are split again
@@ -181,7 +196,7 @@ def main() -> None:
     funcs = {**reward_funcs(names), **measure_funcs()}
     prepared = prepare_rows(heldout)
     if validating:
-        validate(validating, validation_seeds, out, train, base, prepared, funcs, weights, script, config)
+        validate(validating, validation_seeds, out, train, base, prepared, funcs, weights, recipe, script, config)
         return
     warm, rl_tasks = warm_and_rl(train, script.warm_start_share, out, base, script, config)
     results: dict[int, dict[str, Any]] = {}
@@ -190,7 +205,7 @@ def main() -> None:
         run = out / f"seed{seed}"
         run.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
-        updates[seed] = grpo(seed, rl_tasks, warm, run / "grpo", script.serve_args)
+        updates[seed] = grpo(seed, rl_tasks, warm, run / "grpo", recipe, script.serve_args)
         print(f"[bench] seed {seed}: GRPO done in {time.monotonic() - t0:.0f} s", flush=True)
         first = seed == SEEDS[0]  # the base model and the trivial policies (deterministic) are scored once
         checkpoints = [base, str(warm), str(run / "grpo")] if first else [str(warm), str(run / "grpo")]
@@ -214,7 +229,7 @@ def main() -> None:
         if not first:
             results[seed]["base"] = results[SEEDS[0]]["base"]
         print(f"[bench] seed {seed}: held-out evaluation in {run / 'heldout'}", flush=True)
-    report(results, updates, out, (time.monotonic() - started) / 60, weights, task_files(rl_tasks))
+    report(results, updates, out, (time.monotonic() - started) / 60, weights, task_files(rl_tasks), config.agent)
 
 
 def other_kind_rows(sources: Sequence[str], script: Any, per_source: int | None = None) -> list[dict]:
@@ -345,6 +360,7 @@ def validate(
     prepared: Sequence[Any],
     funcs: dict[str, Any],
     weights: dict[str, float],
+    recipe: Path,
     script: Any,
     config: Any,
 ) -> None:
@@ -374,7 +390,7 @@ def validate(
                 print(f"[bench] {label!r}: kept from {run}", flush=True)
             else:
                 t0 = time.monotonic()
-                done = grpo(seed, rl_tasks, warm, run, script.serve_args, rest)
+                done = grpo(seed, rl_tasks, warm, run, recipe, script.serve_args, rest)
                 print(f"[bench] {label!r}: {done[0]} updates, {done[1]} skipped, "
                       f"{time.monotonic() - t0:.0f} s", flush=True)  # fmt: skip
             for step, saved in intermediate_checkpoints(run):
@@ -443,8 +459,10 @@ def report(
     minutes: float,
     weights: dict[str, float],
     trained: set[str],
+    agent: str = "aider-warm",
 ) -> None:
-    """The held-out table (resolve rate first; the trivial policies beside), the paired gains and the targets."""
+    """The held-out table (resolve rate first; the trivial policies beside), the paired gains and the targets, the
+    last one named after the run's ``agent`` (``agent_target``: the mean paired resolve gain over the seeds, > 0)."""
     from aitlrt.evaluation.checkpoints import TRIVIAL_POLICIES
     from aitlrt.report import metric_names as names
 
@@ -496,6 +514,7 @@ def report(
     print(f"TARGET beats_trivial {min(trained_rewards) - trivial:+.3f} >0_all_seeds {'PASS' if beats else 'MISS'}")
     print(f"TARGET zero_loss_updates {zero} 0 {'PASS' if zero == 0 else 'MISS'}")
     print(f"TARGET bench_minutes {minutes:.1f} <=90 {'PASS' if minutes <= 90 else 'MISS'}")
+    print(f"TARGET {agent_target(agent)} {mean_gain:+.3f} >0 {'PASS' if mean_gain > 0 else 'MISS'}")
 
 
 if __name__ == "__main__":

@@ -2,9 +2,11 @@
 
 A bench's ``__main__`` runs its ``main`` through ``recorded(NAME, main)``: the run's stdout is still printed as it
 comes and also kept, and when ``main`` returns, a row is appended with the bench's name, the date, the git commit,
-the machine (CPU model, cores, GPU), the arguments, the ``TARGET`` lines parsed (name, value, goal, PASS/MISS) and
-the summary the bench printed just before them (its table). A run that prints no ``TARGET`` line (``--help``,
-``bench/learning.py --validate``: a comparison, read in the notebook) or that raises appends nothing.
+the machine (CPU model, cores, GPU), the arguments, the ``TARGET`` lines parsed (name, value, goal, PASS/MISS), what
+the run was where the bench says so (``RUN key=value ...`` lines: ``bench/learning.py`` names its recipe's config and
+agent; the row's ``run``) and the summary the bench printed just before the TARGET lines (its table). A run that
+prints no ``TARGET`` line (``--help``, ``bench/learning.py --validate``: a comparison, read in the notebook) or that
+raises appends nothing.
 
 ``python bench/results.py`` regenerates ``docs/results.md`` (a table of every bench's runs, newest first, and the
 latest run's summary); ``--check`` exits 1 when the page is not what the file gives (a unit test runs it). Rows
@@ -58,12 +60,22 @@ def parse_target(line: str) -> dict[str, Any]:
     return {"name": name, "value": number, "goal": " ".join(goal), "verdict": verdict}
 
 
+def parse_run(output: str) -> dict[str, str]:
+    """The ``RUN key=value ...`` lines of a bench's output as one mapping (a later key wins): what the run was, e.g.
+    ``bench/learning.py``'s ``RUN config=configs/cpu_demo_miniswe.yaml agent=mini-swe-agent``."""
+    run: dict[str, str] = {}
+    for line in output.splitlines():
+        if line.startswith("RUN "):
+            run.update(word.partition("=")[::2] for word in line.split()[1:] if "=" in word)
+    return run
+
+
 def summarise(output: str) -> tuple[list[dict[str, Any]], list[str]]:
     """The TARGET lines of a bench's output and up to ``SUMMARY_LINES`` lines of what it printed before them."""
     lines = output.splitlines()
     first = next((i for i, line in enumerate(lines) if line.startswith("TARGET ")), len(lines))
     targets = [parse_target(line) for line in lines if line.startswith("TARGET ") and len(line.split()) >= 4]
-    before = [line.rstrip() for line in lines[:first] if not line.startswith("[bench]")]
+    before = [line.rstrip() for line in lines[:first] if not line.startswith(("[bench]", "RUN "))]
     while before and not before[0].strip():
         before.pop(0)
     while before and not before[-1].strip():
@@ -100,6 +112,7 @@ def row(bench: str, output: str, args: list[str]) -> dict[str, Any] | None:
     if not targets:
         return None
     now = dt.datetime.now(dt.UTC)
+    run = parse_run(output)
     return {
         "bench": bench,
         "date": now.date().isoformat(),
@@ -112,6 +125,7 @@ def row(bench: str, output: str, args: list[str]) -> dict[str, Any] | None:
         "targets": targets,
         "summary": summary,
         "source": "run",
+        **({"run": run} if run else {}),
     }
 
 
@@ -171,6 +185,8 @@ def render(rows: list[dict[str, Any]]) -> str:
             where = f"{m['cpu']}, {m['cores']} cores" + (f", {m['gpu']}" if m.get("gpu") else "")
             commit = r["commit"] + ("*" if r.get("dirty") else "")
             source = r["source"]
+            if r.get("run"):  # what the run was: bench/learning.py's recipe and agent
+                source += " (" + ", ".join(f"{key} `{value}`" for key, value in r["run"].items()) + ")"
             if r.get("entry"):  # a path from the repository's root; this page is in docs/
                 link = r["entry"].removeprefix("docs/") if r["entry"].startswith("docs/") else "../" + r["entry"]
                 source += f" ([entry]({link}))"

@@ -63,6 +63,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="send the key in environment variable VAR upstream as 'Authorization: Bearer KEY'",
     )
     p.add_argument(
+        "--no-continuity",
+        action="store_true",
+        help="turn token continuity off: by default a chat call whose messages extend its rollout's previous call "
+        "(its messages, its answer, new messages) is sent as that call's exact prompt and completion tokens plus the "
+        "new messages rendered by the chat template, so that the rollout's calls stay one training row "
+        "(docs/serving.md, Token continuity)",
+    )
+    p.add_argument(
+        "--continuity-tokenizer",
+        default=None,
+        metavar="PATH",
+        help="the served model's tokenizer for token continuity (default: vLLM's --tokenizer or model; with "
+        "--upstream, the model folder vLLM reports if it is on this machine)",
+    )
+    p.add_argument(
         "--run-dir",
         type=Path,
         default=Path("runs/serve"),
@@ -92,6 +107,16 @@ def sampling_from_args(args: argparse.Namespace) -> dict:
     optional = {"min_p": args.min_p, "repetition_penalty": args.repetition_penalty, "max_tokens": args.max_tokens}
     sampling.update({k: v for k, v in optional.items() if v is not None})
     return sampling
+
+
+def vllm_arg(vllm_args: list[str], name: str) -> str | None:
+    """The value of option ``name`` (``--name VALUE`` or ``--name=VALUE``) among the arguments passed to vLLM."""
+    for i, arg in enumerate(vllm_args):
+        if arg == name and i + 1 < len(vllm_args):
+            return vllm_args[i + 1]
+        if arg.startswith(name + "="):
+            return arg[len(name) + 1 :]
+    return None
 
 
 def admin_key(args: argparse.Namespace) -> str:
@@ -139,6 +164,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("aitlrt-serve: --no-token-ids and --upstream-api-key-env go with --upstream")
     api_key = admin_key(args)
     upstream_key = None
+    tokenizer, chat_template = args.continuity_tokenizer, None
     if args.upstream_api_key_env:
         upstream_key = os.environ.get(args.upstream_api_key_env)
         if not upstream_key:
@@ -151,6 +177,8 @@ def main(argv: list[str] | None = None) -> None:
         from aitlrt.common.model import resolve_model
 
         model = resolve_model(args.model or "bundled")
+        tokenizer = tokenizer or vllm_arg(vllm_args, "--tokenizer") or model
+        chat_template = vllm_arg(vllm_args, "--chat-template")
         name = args.served_model_name or (Path(model).name if Path(model).is_dir() else None)
         log_path = args.vllm_log or (run_dir or Path(".")) / "vllm.log"
         upstream_key = keys.vllm_key(api_key)  # vLLM's own key: the proxy sends it, agents never see it
@@ -177,6 +205,9 @@ def main(argv: list[str] | None = None) -> None:
             run_dir=run_dir,
             upstream_api_key=upstream_key,
             token_ids=not args.no_token_ids,
+            continuity=not args.no_continuity,
+            continuity_tokenizer=tokenizer,
+            chat_template=chat_template,
             request_timeout_s=args.request_timeout,
         )
         base = f"http://{args.host}:{args.port}"

@@ -278,8 +278,12 @@ def build_record(
     status: int = 200,
     error: str | None = None,
     error_code: str | None = None,
+    continuity: str | None = None,
+    continued_from: int | None = None,
 ) -> dict[str, Any]:
-    """One line of the journal: everything the trainer needs to rebuild the sampled tokens exactly."""
+    """One line of the journal: everything the trainer needs to rebuild the sampled tokens exactly. ``continuity``:
+    how a chat call went (``aitlrt_server.continuity``); ``continued_from``: the index of the call whose prompt and
+    completion tokens a continued call's prompt starts with."""
     out = output or CallOutput()
     return {
         "rollout_id": rollout_id,
@@ -302,4 +306,6 @@ def build_record(
         "usage": out.usage,
         "model": out.model,
         "response_id": out.response_id,
+        "continuity": continuity,
+        "continued_from": continued_from,
     }

@@ -16,6 +16,13 @@ class ProxyMetrics:
         self.completion_tokens = Counter(
             "aitlrt_completion_tokens", "Sampled tokens of recorded calls", registry=self.registry
         )
+        self.continuity = Counter(
+            "aitlrt_continuity",
+            "Chat calls by how they went: 'continued' (the previous call's tokens extended: the same training row), "
+            "else why not (a new row)",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.inflight = Gauge("aitlrt_inflight", "Calls in flight", registry=self.registry)
         self.latency = Histogram(
             "aitlrt_request_latency_seconds",

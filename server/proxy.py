@@ -4,6 +4,7 @@ recorded model call, passed through to vLLM and back untouched but for the run's
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -14,6 +15,7 @@ from aiohttp.http_exceptions import LineTooLong
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from aitlrt_server.continuity import CONTINUED, OFF, Continuation, Continuity, chat_response, completion_body
 from aitlrt_server.errors import ProxyError, error_body
 from aitlrt_server.exchange import (
     AgentAsked,
@@ -35,6 +37,7 @@ from aitlrt_server.weights import WeightGate
 
 _UPSTREAM_PATH: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 TAG_HEADER = "x-aitlrt-tag"
+log = logging.getLogger(__name__)
 
 
 class Proxy:
@@ -47,6 +50,13 @@ class Proxy:
         self.metrics = ProxyMetrics()
         self._session: aiohttp.ClientSession | None = None
         self.served_models: list[str] = []
+        self.model_roots: dict[str, str] = {}
+        self.max_model_lens: dict[str, int] = {}
+        self.continuity = (
+            Continuity(settings.continuity_tokenizer, settings.chat_template)
+            if settings.continuity and settings.token_ids
+            else None
+        )
         self.call_limits: dict[str, int] = {}
         self.seeds: dict[str, int] = {}
 
@@ -120,6 +130,8 @@ class Proxy:
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+        if self.continuity is not None:
+            self.continuity.close()
         self.store.close()
 
     def _upstream_error(self, exc: BaseException) -> ProxyError:
@@ -145,7 +157,10 @@ class Proxy:
                 code="upstream_unavailable",
             )
         data = json.loads(content)
-        self.served_models = [m["id"] for m in data.get("data", [])]
+        cards = data.get("data", [])
+        self.served_models = [m["id"] for m in cards]
+        self.model_roots = {m["id"]: m["root"] for m in cards if isinstance(m.get("root"), str)}
+        self.max_model_lens = {m["id"]: m["max_model_len"] for m in cards if isinstance(m.get("max_model_len"), int)}
         return data
 
     async def model_for(self, requested: Any) -> str:
@@ -208,11 +223,16 @@ class Proxy:
             refused = _Call(self, rollout_id, (index, life), endpoint, None, self.gate.version, tag)  # no body kept
             refused.finish(None, 400, message, "call_limit")
             raise ProxyError(400, message, code="call_limit")
+        continuity, sent = None, None
+        if endpoint == "chat":
+            continuity, sent = await self._continue(rollout_id, upstream_body, tag)
+            self.metrics.continuity.labels(continuity).inc()
         stack = AsyncExitStack()
         version = await stack.enter_async_context(self.gate.generation(self.settings.request_timeout_s))
         self.metrics.inflight.inc()
         stack.callback(self.metrics.inflight.dec)
         call = _Call(self, rollout_id, (index, life), endpoint, upstream_body, version, tag)
+        call.continuity, call.sent = continuity, sent
         try:
             if upstream_body.get("stream"):
                 return await self._stream(call, asked, stack)
@@ -222,15 +242,42 @@ class Proxy:
             await stack.aclose()
             raise
 
-    async def _unary(self, call: _Call, asked: AgentAsked) -> Response:
+    async def _continue(
+        self, rollout_id: str, body: dict[str, Any], tag: str | None
+    ) -> tuple[str, tuple[int, dict[str, Any]] | None]:
+        """Whether a chat call continues its rollout's previous call (``continuity``): ``CONTINUED`` with the call it
+        continues and the ``/v1/completions`` body to send, or why not (the ordinary path) and None."""
+        if self.continuity is None:
+            return OFF, None
+        model = body["model"]
         try:
-            status, content = await self.request("POST", _UPSTREAM_PATH[call.endpoint], call.request)
+            plan = await self.continuity.plan(self.store.get(rollout_id), body, tag, self.model_roots.get(model))
+        except Exception:  # never a reason to fail a call: the ordinary path
+            log.exception("token continuity: planning failed")
+            return "error", None
+        if not isinstance(plan, Continuation):
+            return plan, None
+        max_model_len = self.max_model_lens.get(model)
+        if max_model_len is None and body.get("max_tokens") is None:
+            return "no_max_model_len", None
+        if max_model_len is not None and len(plan.prompt_token_ids) >= max_model_len:
+            return "context_full", None  # vLLM's chat route tells the agent, as without continuity
+        return CONTINUED, (plan.base_index, completion_body(body, plan.prompt_token_ids, max_model_len))
+
+    async def _unary(self, call: _Call, asked: AgentAsked) -> Response:
+        path, body = _UPSTREAM_PATH[call.endpoint], call.request
+        if call.sent is not None:
+            path, body = _UPSTREAM_PATH["completions"], call.sent[1]
+        try:
+            status, content = await self.request("POST", path, body)
         except ProxyError as err:
             call.finish(None, err.status, err.message, err.code)
             raise
         if status != 200:
             return call.upstream_failed(status, content)
         data = json.loads(content)
+        if call.sent is not None:
+            data = chat_response(data)
         call.finish(output_from_response(data, call.endpoint))
         return JSONResponse(strip_response(data, asked))
 
@@ -300,6 +347,10 @@ class _Call:
         self.proxy, self.rollout_id, self.endpoint = proxy, rollout_id, endpoint
         self.index, self.life = slot
         self.request, self.version, self.tag = request, version, tag
+        self.continuity: str | None = None
+        """``CONTINUED``, or why a chat call was not (``aitlrt_server.continuity``); None for other calls."""
+        self.sent: tuple[int, dict[str, Any]] | None = None
+        """A continued call's: the index of the call it continues and the ``/v1/completions`` body sent."""
         self.started_at = time.time()
         self._t0 = time.perf_counter()
 
@@ -325,6 +376,8 @@ class _Call:
                 started_at=self.started_at,
                 ended_at=time.time(),
                 tag=self.tag,
+                continuity=self.continuity,
+                continued_from=None if self.sent is None else self.sent[0],
                 status=status,
                 error=error,
                 error_code=code,

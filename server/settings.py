@@ -22,6 +22,13 @@ class ServeSettings:
     token_ids: bool = True
     """Ask the upstream for vLLM's token ids and logprobs; False for any other OpenAI-compatible API (a teacher):
     calls are then recorded with their messages and text only."""
+    continuity: bool = True
+    """Token continuity: a chat call whose messages extend its rollout's previous call's continues that call's exact
+    tokens (``aitlrt_server.continuity``)."""
+    continuity_tokenizer: str | None = None
+    """The served model's tokenizer for continuity (a folder or Hub id); None: the model folder vLLM reports."""
+    chat_template: str | None = None
+    """vLLM's ``--chat-template``, if it was started with one (a file or the template)."""
     max_body_bytes: int = 16 * 2**20
     """A model call's body, at most."""
     max_admin_body_bytes: int = 2**20

@@ -3,8 +3,10 @@
 A call whose prompt extends the current row's tokens (prompt + everything appended so far) is appended to that
 row: the new prompt tokens as context (mask 0), then its sampled tokens (mask 1). Any other call (Aider's
 summaries rewrite the history; the chat template may re-render an earlier answer differently from what was
-sampled) starts a new row. Calls that failed, or that are not the policy's main turn (tagged, e.g. ``weak``),
-are skipped unless asked for.
+sampled) starts a new row; aitlrt-serve's token continuity (``aitlrt_server.continuity``) sends a call that extends
+the previous one as that call's exact tokens plus the new messages, so an append-only history stays one row (its
+records say so in ``continuity`` and ``continued_from``). Calls that failed, or that are not the policy's main turn
+(tagged, e.g. ``weak``), are skipped unless asked for.
 
 A row longer than ``max_length`` is split into windows, so that every sampled token is still trained exactly
 once: each window trains the next chunk of the row (from a sampled token to a sampled token) and carries as

@@ -153,7 +153,6 @@ def served_256(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         yield serve.url
 
 
-@pytest.mark.timeout(1500)  # vLLM's start and ~600 generated tokens on a shared CPU
 def extends(call: dict, tokenizer) -> bool:
     """Whether the call's prompt and sampled answer are a prefix of the next prompt of an append-only history (its
     answer kept, an observation after it) under the model's chat template: a turn boundary that keeps the row."""
@@ -165,6 +164,7 @@ def extends(call: dict, tokenizer) -> bool:
     return ids[: len(held)] == held
 
 
+@pytest.mark.timeout(1500)  # vLLM's start and ~600 generated tokens on a shared CPU
 def test_real_rollouts_on_the_bundled_model_and_their_rows(
     repo, served_256, model_dir, tmp_path, record_property, tokenizer
 ):
