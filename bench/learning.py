@@ -92,11 +92,12 @@ def agent_target(agent: str) -> str:
 
 def rl_config(folder: Path, recipe: Path) -> Path:
     """The recipe's config (``--config``) for GRPO from a warm start made already (``warm_and_rl``): its warm-start
-    keys dropped, written into ``folder``."""
+    keys dropped, and its ``heldout_from`` (the bench scores its own held-out or validation tasks: the run's own
+    evaluation before and after would cost ~4 min each), written into ``folder``."""
     import yaml
 
     config = yaml.safe_load(recipe.read_text())
-    for key in [k for k in config if k.startswith("warm_start")]:
+    for key in [k for k in config if k.startswith(("warm_start", "heldout_from"))]:
         del config[key]
     path = folder / "grpo_config.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)

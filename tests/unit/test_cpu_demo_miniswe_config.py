@@ -108,7 +108,7 @@ def test_the_bench_arm_names_its_agent_and_its_grpo_config_keeps_it(tmp_path):
     assert learning.agent_target("mini-swe-agent") == "miniswe_heldout_resolve_above_warm"
     assert learning.agent_target("aider-warm") == "aider_heldout_resolve_above_warm"
     grpo = yaml.safe_load(learning.rl_config(tmp_path, MINI).read_text())
-    assert grpo["agent"] == "mini-swe-agent" and not [key for key in grpo if key.startswith("warm_start")]
+    assert grpo["agent"] == "mini-swe-agent" and not [k for k in grpo if k.startswith(("warm_start", "heldout_from"))]
 
 
 def test_a_results_row_keeps_the_config_and_agent_the_bench_named(tmp_path, capsys):
