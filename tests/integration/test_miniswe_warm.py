@@ -25,6 +25,7 @@ from aitlrt.rollout.agents import AgentExit, AgentTask, ModelEndpoint, make_agen
 from aitlrt.rollout.agents.mini_swe import MiniSweAgent, miniswe_venv
 from aitlrt.rollout.runner import RolloutOutcome, RolloutRequest, RolloutRunner
 from tests.conftest import alive, keyed_env
+from tests.helpers.processes import processes
 
 BASE = "def add(a, b):\n    return a - b\n"
 FIXED = "def add(a, b):\n    return a + b\n"
@@ -76,21 +77,6 @@ def messages(outcome: RolloutOutcome) -> list[list[tuple[str, str]]]:
 
 def outside_the_model(outcome: RolloutOutcome) -> float:
     return outcome.timings["agent_s"] - sum(c["ended_at"] - c["started_at"] for c in outcome.trace)
-
-
-def processes(ppid: int | None = None, session: int | None = None, marker: str = "") -> list[int]:
-    """Live processes with this parent or in this session whose command line holds ``marker``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            stat = (entry / "stat").read_text()
-            argv = (entry / "cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        state, parent, _, sid = stat[stat.rindex(")") + 2 :].split()[:4]
-        if state != "Z" and marker in argv and int(parent if ppid is not None else sid) == (ppid or session):
-            found.append(int(entry.name))
-    return found
 
 
 def sleepers(sleeper: str) -> list[int]:

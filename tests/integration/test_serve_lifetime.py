@@ -25,6 +25,7 @@ from aitlrt.common.procs import free_port
 from aitlrt.serving.process import ServeProcess
 from aitlrt_server.upstream import GUARD_GRACE_S, VLLMServer
 from tests.conftest import admin, alive, chat, keyed_env
+from tests.helpers.processes import processes
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -280,21 +281,6 @@ def test_sigterm_lets_aitlrt_serve_stop_with_calls_in_flight(scripted_upstream: 
     assert SHUTDOWN_GRACE_S - 1 < took < SHUTDOWN_GRACE_S + 10, took
 
 
-def children(pid: int, marker: str) -> list[int]:
-    """The live child processes of ``pid`` whose command line holds ``marker``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            stat = (entry / "stat").read_text()
-            argv = (entry / "cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[1]) == pid and fields[0] != "Z" and marker in argv:
-            found.append(int(entry.name))
-    return found
-
-
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
 def test_a_run_stopped_mid_rollout_takes_its_agents_along(
     scripted_upstream: str, start_proxy, make_repo, tmp_path: Path, cleanup: list[int], sig: int
@@ -320,7 +306,7 @@ def test_a_run_stopped_mid_rollout_takes_its_agents_along(
         )
     cleanup.append(run.pid)
     eventually(lambda: inflight(proxy.url) == 2, 120, "the agents never called the model")
-    workers = children(run.pid, "aider_worker.py")
+    workers = processes(ppid=run.pid, marker="aider_worker.py")
     cleanup.extend(workers)  # each leads its own group
     assert len(workers) == 2
 
@@ -368,8 +354,8 @@ def test_sigterm_stops_a_two_rank_training_run_and_its_agents(
     cleanup.append(run.pid)
     eventually(lambda: inflight(proxy.url) == 4 or run.poll() is not None, 300, "the agents never called the model")
     assert run.poll() is None, log_path.read_text()[-5000:]
-    ranks = children(run.pid, "train.py")
-    workers = [pid for rank in ranks for pid in children(rank, "aider_worker.py")]
+    ranks = processes(ppid=run.pid, marker="train.py")
+    workers = [pid for rank in ranks for pid in processes(ppid=rank, marker="aider_worker.py")]
     cleanup.extend(workers)  # each leads its own group
     assert len(ranks) == 2 and len(workers) == 4, (ranks, workers)
 

@@ -14,41 +14,11 @@ import torch
 
 from aitlrt.training.probe import probe_gap
 from aitlrt.training.rows import build_rows
-from aitlrt.training.trainer import AgentGRPOTrainer
 from tests.conftest import Served, admin
+from tests.helpers.recording import Recording, first_of_pair
 
 TASK = "marshmallow-code__webargs.dbde72fe.pr_974"
 WEIGHTS = [1.0, 0.5, 0.01]
-
-
-def first_of_pair(prompts, completions, completion_ids=None, **kwargs):
-    """A reward of our own, composed with the built-ins: 1 for the first rollout of each pair, 0 for the second.
-
-    SmolLM2 rarely edits anything and every call hits the server's 48-token cap, so the built-ins and anything
-    measured on the completions can tie within a group (no gradient, nothing for the sync check to see): this one
-    never ties, so every step really updates the policy."""
-    return [float(i % 2 == 0) for i in range(len(prompts))]
-
-
-class Recording(AgentGRPOTrainer):
-    """The trainer as users run it, keeping what each step produced for the checks below."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.outcomes, self.batches = [], []
-        plain = self.collector.rollouts
-
-        def rollouts(inputs, step=None):
-            outcomes = plain(inputs, step)
-            self.outcomes.append(outcomes)
-            return outcomes
-
-        self.collector.rollouts = rollouts
-
-    def _generate_and_score_completions(self, inputs):
-        batch = super()._generate_and_score_completions(inputs)
-        self.batches.append({k: v.detach().clone() if torch.is_tensor(v) else v for k, v in batch.items()})
-        return batch
 
 
 def probe_logprobs(served: Served, ids: list[int]) -> list[float]:

@@ -14,39 +14,12 @@ import torch
 
 from aitlrt.rollout.agents.mini_swe import miniswe_venv
 from aitlrt.training.rows import build_rows
-from aitlrt.training.trainer import AgentGRPOTrainer
 from tests.conftest import cachetools_tasks
+from tests.helpers.recording import Recording, first_of_pair
 
 pytestmark = pytest.mark.skipif(not (miniswe_venv() / "bin" / "mini").exists(), reason="run jobs/setup.sh first")
 
 MAX_CALLS = 2
-
-
-def first_of_pair(prompts, completions, completion_ids=None, **kwargs):
-    """1 for the first rollout of each pair, 0 for the second: the bundled model rarely writes a well-formed action
-    in 48 tokens, so the built-ins tie within a group (no gradient); this one never ties, so the step updates."""
-    return [float(i % 2 == 0) for i in range(len(prompts))]
-
-
-class Recording(AgentGRPOTrainer):
-    """The trainer as users run it, keeping each step's rollouts and batch for the checks below."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.outcomes, self.batches = [], []
-        plain = self.collector.rollouts
-
-        def rollouts(inputs, step=None):
-            outcomes = plain(inputs, step)
-            self.outcomes.append(outcomes)
-            return outcomes
-
-        self.collector.rollouts = rollouts
-
-    def _generate_and_score_completions(self, inputs):
-        batch = super()._generate_and_score_completions(inputs)
-        self.batches.append({k: v.detach().clone() if torch.is_tensor(v) else v for k, v in batch.items()})
-        return batch
 
 
 @pytest.mark.timeout(600)
