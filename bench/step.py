@@ -1,5 +1,6 @@
 """Benchmark of a training step (issue 14): the update against the machine's own limit, and the serial loop against
-pipelined steps on the embedded defaults. ``python bench/step.py`` (no arguments).
+pipelined steps on the embedded defaults. ``python bench/step.py`` (no arguments; ``--update``: the update tables
+alone).
 
 1. ``update_vs_bare``: the rows of one real training step of the main job (``bench/data/cpu_demo_calls.jsonl``: the
    recorded calls of ``configs/cpu_demo.yaml``'s GRPO steps, real Aider rollouts through aitlrt-serve and vLLM CPU;
@@ -10,6 +11,12 @@ pipelined steps on the embedded defaults. ``python bench/step.py`` (no arguments
    median of ``ROUNDS``; AITLRT's update is everything from the rows to the new weights (``builder.build``,
    ``training_step``, the optimizer step). For contrast, the update with a separate importance-sampling forward
    before it (what a sequence-level ratio or an off-policy generation still needs).
+   ``update_vs_bare_multiturn``: the same on multi-turn rows (``bench/data/miniswe_calls.jsonl``: the recorded calls
+   of 4 real mini-swe-agent rollouts through aitlrt-serve on the main job's cachetools tasks, answered by the oracle
+   teacher with ``aitlrt trajectories --agent mini-swe-agent --test_feedback_rounds 1``: inspect, patch,
+   ``run-tests``, submit; an append-only history, so each rollout is one ~1.5k-token row whose ~370 sampled tokens
+   lie in 4 turns between the prompts' tokens). The oracle's recorded logprobs are 0: the importance-sampling
+   ratio is clipped, which costs what a real one costs.
 2. Steps: ``aitlrt/train.py`` on the main job's training tasks from its (cached) warm start, ``STEPS`` GRPO steps
    with ``max_staleness`` 0 (the serial loop: roll out, then update) and then 1 (the next step's rollouts run during
    the update), same seed, each with its own server. From each run's ``metrics.jsonl``, over the steps after the
@@ -53,6 +60,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 CONFIG = ROOT / "configs" / "cpu_demo.yaml"
 CALLS = Path(__file__).with_name("data") / "cpu_demo_calls.jsonl"
+MULTI_TURN_CALLS = Path(__file__).with_name("data") / "miniswe_calls.jsonl"
 ROLLOUTS = 4  # one training step of the main job: one group of 4
 ROUNDS = 2
 MAX_ROW, PER_FORWARD = 6144, 4096  # configs/cpu_demo.yaml's max_row_tokens and max_tokens_per_forward
@@ -60,10 +68,11 @@ UPDATE_GOAL, PIPELINED_GOAL, OVERHEAD_GOAL, IDLE_GOAL = 0.8, 0.7, 1.3, 0.3
 STEPS = 6  # the first of each run is left out of the means: 5 steps each are compared
 
 
-def step_rows() -> list[Row]:
-    """The rows of the first ``ROLLOUTS`` recorded rollouts (``build_rows``, as the trainer builds them)."""
+def step_rows(path: Path) -> list[Row]:
+    """The rows of the first ``ROLLOUTS`` rollouts recorded in ``path`` (``build_rows``, as the trainer builds
+    them)."""
     calls: dict[str, list[dict]] = defaultdict(list)
-    for line in CALLS.open():
+    for line in path.open():
         call = json.loads(line)
         calls[call["rollout_id"]].append(call)
     rows = []
@@ -143,18 +152,19 @@ def timed(update: Callable) -> float:
     return time.perf_counter() - started
 
 
-def update_vs_bare() -> float:
-    """The update table; AITLRT's update tokens/s over the bare loop's."""
+def update_vs_bare(calls: Path) -> float:
+    """The update table of the rows recorded in ``calls``; AITLRT's update tokens/s over the bare loop's."""
     torch.manual_seed(0)
     path = resolve_model("bundled")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).train()
     tokenizer = AutoTokenizer.from_pretrained(path)
-    rows = step_rows()
+    rows = step_rows(calls)
     advantages = [1.0, -1.0] * (len(rows) // 2) + [0.5] * (len(rows) % 2)
     tokens = sum(len(r.tokens) for r in rows)
     sampled = sum(r.sampled for r in rows)
-    print(f"update: {len(rows)} rows of {ROLLOUTS} recorded rollouts, {tokens} tokens ({sampled} sampled); "
-          f"{torch.get_num_threads()} threads", flush=True)  # fmt: skip
+    turns = sum(_turns(r) for r in rows)
+    print(f"\nupdate on {calls.name}: {len(rows)} rows of {ROLLOUTS} recorded rollouts, {turns} sampled turns, "
+          f"{tokens} tokens ({sampled} sampled); {torch.get_num_threads()} threads", flush=True)  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         updates = {
             "bare PyTorch": bare_update(model, rows, advantages),
@@ -174,6 +184,11 @@ def update_vs_bare() -> float:
     for name, seconds in medians.items():
         print(f"{name:<32}{seconds:>9.1f}{tokens / seconds:>10.0f}{tokens / seconds / bare:>9.2f}")
     return tokens / medians["AITLRT"] / bare
+
+
+def _turns(row: Row) -> int:
+    """The runs of sampled tokens in ``row`` (its model calls' answers)."""
+    return sum(1 for i, m in enumerate(row.mask) if m and (i == 0 or not row.mask[i - 1]))
 
 
 class CpuSampler:
@@ -275,10 +290,16 @@ def target(name: str, measured: float, goal: float, higher: bool) -> None:
 
 
 def main() -> int:
-    ratio = update_vs_bare()
+    ratio = update_vs_bare(CALLS)
+    multi_turn = update_vs_bare(MULTI_TURN_CALLS)
+    if "--update" in sys.argv[1:]:  # the two update tables alone (no warm start, no training runs: ~3 min)
+        target("update_vs_bare", ratio, UPDATE_GOAL, True)
+        target("update_vs_bare_multiturn", multi_turn, UPDATE_GOAL, True)
+        return 0
     means = steps()
     serial, pipelined = means["serial"], means["pipelined"]
     target("update_vs_bare", ratio, UPDATE_GOAL, True)
+    target("update_vs_bare_multiturn", multi_turn, UPDATE_GOAL, True)
     target("pipelined_step_ratio", pipelined["time/step_s"] / serial["time/step_s"], PIPELINED_GOAL, False)
     target("rollout_overhead", serial["time/rollouts_s"] / serial["time/model_busy_s"], OVERHEAD_GOAL, False)
     target("trainer_idle", pipelined["time/rollouts_s"] / pipelined["time/step_s"], IDLE_GOAL, False)

@@ -27,6 +27,13 @@ MIN_SHARED_TOKENS = 16
 """A shorter common prefix is not worth the extra forward calls: the batch runs as it is."""
 
 
+CPU_MIN_SHARED = 0.5
+"""On CPU, rows share a micro-batch only where they share at least half their tokens (one group's rows and their
+prompt): unrelated rows padded into one pass ran 0.66x the bare loop's tokens/s against 0.91x one by one
+(``bench/step.py``'s multi-turn rows; padding takes attention off its unmasked causal kernel), and one ~1k-token row
+already fills the cores' matrix units, so a batch of them gains nothing there."""
+
+
 def common_prefix_len(rows: Sequence[Sequence[int]]) -> int:
     """Length of the longest token prefix that every row starts with."""
     if not rows:
@@ -40,10 +47,11 @@ def common_prefix_len(rows: Sequence[Sequence[int]]) -> int:
     return n
 
 
-def prefix_batches(rows: Sequence[Sequence[int]], budget: int | None) -> list[list[int]]:
+def prefix_batches(rows: Sequence[Sequence[int]], budget: int | None, min_shared: float = 0.0) -> list[list[int]]:
     """Row indices in micro-batches of rows that share long prefixes (rows in token order, so those of one group and
     one model call are neighbours), each within ``budget`` distinct tokens: the common prefix once plus every row's
-    rest (a longer row goes alone; None: one micro-batch)."""
+    rest (a longer row goes alone; None: one micro-batch). With ``min_shared``, a row joins a micro-batch only
+    where the prefix it shares with it is at least that share of its tokens (``CPU_MIN_SHARED``)."""
     order = sorted(range(len(rows)), key=lambda i: list(rows[i]))
     if budget is None:
         return [sorted(order)] if order else []
@@ -53,7 +61,8 @@ def prefix_batches(rows: Sequence[Sequence[int]], budget: int | None) -> list[li
     for i in order:
         if current:
             joined = min(shared, common_prefix_len([rows[current[-1]], rows[i]]))
-            if joined + (total + len(rows[i])) - joined * (len(current) + 1) > budget:
+            over = joined + (total + len(rows[i])) - joined * (len(current) + 1) > budget
+            if over or joined < min_shared * max(len(rows[j]) for j in (*current, i)):
                 groups.append(sorted(current))
                 current = []
         if not current:

@@ -122,6 +122,15 @@ class RolloutArguments:
     test_feedback_timeout_s: float = field(
         default=120.0, metadata={"help": "test feedback: wall-clock seconds of one run of the tests"}
     )
+    statement_test_output: int = field(
+        default=0,
+        metadata={
+            "help": "characters of the task's failing tests' output at its start (the tests run once per task in the "
+            "grader's sandbox, aitlrt.tasks.feedback.starting_failures; the tracebacks first) added to the problem "
+            "statement, as SWE-smith puts the failing assertion in its statements; 0: the statement names the "
+            "failing tests only"
+        },
+    )
 
     def rollout_settings(self, n: int = 1, seed: int | None = None) -> RolloutSettings:
         """These knobs for one batch: ``n`` rollouts per task, sampled with ``seed`` (``RolloutSettings.seed``;
@@ -141,6 +150,7 @@ class RolloutArguments:
             test_feedback_rounds=self.test_feedback_rounds,
             test_feedback_max_chars=self.test_feedback_max_chars,
             test_feedback_timeout_s=self.test_feedback_timeout_s,
+            statement_test_output=self.statement_test_output,
         )
 
 
@@ -168,6 +178,7 @@ class RolloutSettings:
     test_feedback_rounds: int = RolloutArguments.test_feedback_rounds
     test_feedback_max_chars: int = RolloutArguments.test_feedback_max_chars
     test_feedback_timeout_s: float = RolloutArguments.test_feedback_timeout_s
+    statement_test_output: int = RolloutArguments.statement_test_output
 
     def __post_init__(self) -> None:
         check_choices(self)
@@ -181,6 +192,8 @@ class RolloutSettings:
                 f"test_feedback_rounds must be >= 0 (got {self.test_feedback_rounds}), test_feedback_max_chars >= 1 "
                 f"(got {self.test_feedback_max_chars}), test_feedback_timeout_s > 0 ({self.test_feedback_timeout_s})"
             )
+        if self.statement_test_output < 0:
+            raise ValueError(f"statement_test_output must be >= 0 characters (got {self.statement_test_output})")
         if self.max_calls is not None and self.max_calls < 1 + self.test_feedback_rounds:
             raise ValueError(
                 f"max_calls (rollout_max_calls) {self.max_calls} leaves no call for every test feedback round: each "

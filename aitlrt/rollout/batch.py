@@ -19,7 +19,7 @@ from aitlrt.rollout.agents import Agent, AgentTask, make_agent
 from aitlrt.rollout.arguments import RolloutSettings
 from aitlrt.rollout.runner import Progress, RolloutOutcome, RolloutRequest, RolloutRunner
 from aitlrt.tasks.envs import EnvBuildError
-from aitlrt.tasks.feedback import feedback_command
+from aitlrt.tasks.feedback import feedback_command, with_starting_failures
 from aitlrt.tasks.loader import TaskLoadError
 from aitlrt.tasks.task import Task
 
@@ -49,9 +49,16 @@ def prepare_tasks(tasks: Iterable[Task]) -> list[PreparedTask]:
 
 
 def agent_task(task: Task, settings: RolloutSettings) -> AgentTask:
-    """``task`` as its agents get it: problem statement and files, and with ``settings.test_feedback_rounds`` its test
-    feedback command (a task whose test environment cannot be built goes without: its grade will say why)."""
-    plain = AgentTask(task.instance_id, task.problem_statement, task.files)
+    """``task`` as its agents get it: problem statement (with ``settings.statement_test_output``, the failing tests'
+    output at the start after it) and files, and with ``settings.test_feedback_rounds`` its test feedback command (a
+    task whose test environment cannot be built goes without both: its grade will say why)."""
+    statement = task.problem_statement
+    if settings.statement_test_output:
+        try:
+            statement = with_starting_failures(task, settings.statement_test_output)
+        except EnvBuildError as exc:
+            log.warning("task %s gets no test output in its statement: %s", task.instance_id, exc)
+    plain = AgentTask(task.instance_id, statement, task.files)
     if not settings.test_feedback_rounds:
         return plain
     try:

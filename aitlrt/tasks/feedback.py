@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import subprocess
@@ -37,6 +38,8 @@ from aitlrt.tasks.envs import EnvSpec, TestEnv
 from aitlrt.tasks.grading import Grade, GradeInputs, grade_inputs, run_grade
 from aitlrt.tasks.pytest_run import TestRun
 from aitlrt.tasks.task import Task
+
+log = logging.getLogger(__name__)
 
 HEADER = "AITLRT test feedback:"
 """The first line of every feedback: how other code (the oracle teacher) recognises a test-output turn."""
@@ -163,6 +166,46 @@ def _first_lines(lines: list[str], limit: int, what: str) -> list[str]:
             break
         kept.append(line)
     return [*kept, f"[... {len(lines) - len(kept)} more lines of {what} cut]"]
+
+
+_ADDRESS = re.compile(r"\b0x[0-9a-f]{6,}\b")
+_DURATION = re.compile(r" in [\d.]+s( \([\d:]+\))? (=+)$", re.MULTILINE)
+STATEMENT_HEADER = "The failing tests' output on the repository as it is now:"
+"""What ``starting_failures`` puts before the output in a problem statement."""
+
+
+def starting_failures(task: Task, max_chars: int, timeout_s: float = 120.0) -> str:
+    """The output of ``task``'s tests at its start (no patch), graded as the test feedback grades (the grader's own
+    copy, the tests in the sandbox), cut to ``max_chars`` by ``failure_report``: the failing assertion SWE-smith puts
+    in its problem statements (``RolloutSettings.statement_test_output``). Memory addresses and pytest's duration are
+    blanked, and the text is cached under ``$AITLRT_HOME/statements`` by the task's row: every rollout, warm start and
+    evaluation of the task reads the same statement. '' when the tests did not run; ``EnvBuildError`` when the
+    task's test environment cannot be built."""
+    row = json.dumps({"task": task.as_row(), "max_chars": max_chars}, sort_keys=True, default=str)
+    path = aitlrt_home() / "statements" / f"{hashlib.sha256(row.encode()).hexdigest()[:24]}.txt"
+    if path.is_file():
+        return path.read_text()
+    grade, run = run_grade(grade_inputs(task), "", timeout_s)
+    if run is None or not run.statuses or run.problems or grade.resolved:
+        log.warning("task %s: no failing test output for its statement (%s: %s)", task.instance_id, grade.status,
+                    grade.reason[:300])  # fmt: skip
+        return ""
+    output = _DURATION.sub(r" \2", _ADDRESS.sub("0x...", run.output))
+    text = failure_report(output, max_chars)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.rename(path)
+    return text
+
+
+def with_starting_failures(task: Task, max_chars: int) -> str:
+    """``task``'s problem statement followed by ``starting_failures`` under ``STATEMENT_HEADER`` (the statement alone
+    when the tests gave no output)."""
+    failures = starting_failures(task, max_chars)
+    if not failures:
+        return task.problem_statement
+    return f"{task.problem_statement.rstrip()}\n\n{STATEMENT_HEADER}\n```\n{failures}\n```"
 
 
 def _next_run(scratch: Path) -> int:

@@ -194,7 +194,9 @@ class StepArguments:
             "rows are split into micro-batches, their gradients accumulated (the loss is the whole batch's for every "
             "loss_type; every rank runs the same number of passes); counted as distinct tokens (the common prefix "
             "once) with shared_prefix, else padded tokens (rows x (longest prompt + longest completion)); a row "
-            "longer than this goes alone; None: one pass over all of a micro-step's rows"
+            "longer than this goes alone; on CPU, with shared_prefix, only rows sharing half their tokens (one "
+            "prompt's) share a pass (aitlrt.common.shared_prefix.CPU_MIN_SHARED); None: one pass over all of a "
+            "micro-step's rows"
         },
     )
     shared_prefix: bool = field(

@@ -29,7 +29,7 @@ from accelerate.utils import gather
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import use_adapter
 
-from aitlrt.common.shared_prefix import prefix_batches
+from aitlrt.common.shared_prefix import CPU_MIN_SHARED, prefix_batches
 from aitlrt.training import batching, step_metrics
 from aitlrt.training.rows import Row
 
@@ -160,12 +160,17 @@ class BatchBuilder:
         balancing passes up to the largest rank's count (``batching.passes``); and how many are real."""
         budget = self.args.max_tokens_per_forward
         if self.trainer._shared_prefix():
-            groups = prefix_batches(batching.row_tokens(batch), budget)
+            groups = prefix_batches(batching.row_tokens(batch), budget, self.min_shared)
         else:
             lens = batch["prompt_mask"].sum(dim=1).tolist(), batch["completion_mask"].sum(dim=1).tolist()
             groups = batching.micro_batches(*lens, budget)
         most = int(gather(torch.tensor([len(groups)], device=self.trainer.accelerator.device)).max())
         return batching.passes(groups, most), len(groups)
+
+    @property
+    def min_shared(self) -> float:
+        """``prefix_batches``' ``min_shared`` on this trainer's device: ``CPU_MIN_SHARED`` on CPU, else 0."""
+        return CPU_MIN_SHARED if self.trainer.accelerator.device.type == "cpu" else 0.0
 
     def logps(self, model: Any, batch: dict[str, Any], groups: list[list[int]], real: int) -> torch.Tensor:
         """``model``'s per-token completion logprobs of ``batch``, one forward per micro-batch (0 past a row's

@@ -52,6 +52,7 @@ def cache_key(source: str, tasks: Sequence[Task], model: str, settings: RolloutS
             if k not in ("concurrency", "timeout_s")
             and not (k in ("seed", "agent_command") and v is None)  # unseeded, no command agent: keys as before
             and (feedback or not k.startswith("test_feedback_"))  # no test feedback: keys as before
+            and not (k == "statement_test_output" and not v)  # the statement alone: keys as before
         },
         "flags": list(flags),
     }

@@ -296,7 +296,7 @@ def micro_batch_main(repo: str, out: str, loss_type: str, budget: str) -> None:
     rows, owners = micro_rows(rollouts)
     batch = trainer.builder.build(rows, owners, [MICRO_ADVANTAGES[r] for r in rollouts])[0]
     if trainer._shared_prefix():  # the rank's own micro-batches, before padding passes
-        own = len(prefix_batches(row_tokens(batch), int(budget)))
+        own = len(prefix_batches(row_tokens(batch), int(budget), trainer.builder.min_shared))
     else:
         own = len(
             micro_batches(batch["prompt_mask"].sum(1).tolist(), batch["completion_mask"].sum(1).tolist(), int(budget))

@@ -434,3 +434,6 @@ def test_the_warm_start_key_changes_with_test_feedback_only():
     on = replace(plain, test_feedback_rounds=1)
     keys = {cache_key("oracle", [], "/m", s, ["--epochs", "1"]) for s in (on, replace(on, test_feedback_max_chars=10))}
     assert len(keys) == 2 and key not in keys
+    # the failing tests' output in the statement: other prompts, another warm start; 0 keys as before
+    assert cache_key("oracle", [], "/m", replace(plain, statement_test_output=0), ["--epochs", "1"]) == key
+    assert cache_key("oracle", [], "/m", replace(plain, statement_test_output=1500), ["--epochs", "1"]) != key

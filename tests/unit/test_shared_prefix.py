@@ -77,6 +77,15 @@ def test_prefix_batches_put_rows_of_one_prompt_together_within_the_budget():
     assert prefix_batches(rows, None) == [list(range(6))]
 
 
+def test_on_cpu_only_rows_of_one_prompt_share_a_micro_batch():
+    system = list(range(500, 520))  # 20 tokens every row starts with (a system prompt), then each task's prompt
+    a, b = [*system, *range(100, 140)], [*system, *range(200, 240)]
+    rows = [[*a, 1, 2], [*a, 3, 4], [*b, 5], [*b, 6, 7]]
+    assert prefix_batches(rows, 1000) == [[0, 1, 2, 3]]  # the budget alone: unrelated rows too
+    assert sorted(prefix_batches(rows, 1000, 0.5)) == [[0, 1], [2, 3]]  # 60 of 62 tokens shared: one prompt's rows
+    assert sorted(prefix_batches([rows[0], rows[2]], 1000, 0.5)) == [[0], [1]]  # 20 of 62: unrelated, alone
+
+
 @pytest.mark.parametrize("mode", ["token_truncate", "sequence_truncate"])  # ratio in the loss forward / before
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
 def test_a_shared_prefix_gives_the_plain_loss_gradients_and_metrics(trainer, loss_type, mode, layer_calls, monkeypatch):
