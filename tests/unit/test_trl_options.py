@@ -281,7 +281,7 @@ def test_the_fused_ratio_saves_a_forward_and_changes_no_loss_or_gradient(trainer
         results.append((forwards, loss.item(), [p.grad.clone() for p in model.parameters()], metrics))
     handle.remove()
     (f_fused, l_fused, g_fused, m_fused), (f_sep, l_sep, g_sep, m_sep) = results
-    assert (f_fused, f_sep) == (1, 2)
+    assert f_sep == 2 * f_fused and f_fused >= 1  # one forward per pass instead of two
     assert l_fused == pytest.approx(l_sep, rel=1e-6) and l_fused != 0.0
     for x, y in zip(g_fused, g_sep, strict=True):
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-8)
@@ -292,6 +292,7 @@ def test_the_fused_ratio_saves_a_forward_and_changes_no_loss_or_gradient(trainer
 
 def test_vespo_gets_trls_importance_sampling_ratio_and_plain_advantages(trainer, monkeypatch):
     monkeypatch.setattr(trainer, "loss_type", "vespo")
+    monkeypatch.setattr(type(trainer.builder), "min_shared", 0.0)  # every row in one pass: its inputs hold them all
     rows, owners = offset_sampler(trainer)
     batch, _ = trainer.builder.build(rows, owners, ADVANTAGES)
     assert batch["advantages"][:, 0].tolist() == [1.0, 1.0, -0.5, 0.25]
