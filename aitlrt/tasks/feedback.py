@@ -179,19 +179,23 @@ def starting_failures(task: Task, max_chars: int, timeout_s: float = 120.0) -> s
     copy, the tests in the sandbox), cut to ``max_chars`` by ``failure_report``: the failing assertion SWE-smith puts
     in its problem statements (``RolloutSettings.statement_test_output``). Memory addresses and pytest's duration are
     blanked, and the text is cached under ``$AITLRT_HOME/statements`` by the task's row: every rollout, warm start and
-    evaluation of the task reads the same statement. '' when the tests did not run; ``EnvBuildError`` when the
+    evaluation of the task reads the same statement. '' when the tests gave no failures to show (cached too: the
+    tests run once per task, not once per rollout; a timed-out run is not cached); ``EnvBuildError`` when the
     task's test environment cannot be built."""
     row = json.dumps({"task": task.as_row(), "max_chars": max_chars}, sort_keys=True, default=str)
     path = aitlrt_home() / "statements" / f"{hashlib.sha256(row.encode()).hexdigest()[:24]}.txt"
     if path.is_file():
         return path.read_text()
     grade, run = run_grade(grade_inputs(task), "", timeout_s)
-    if run is None or not run.statuses or run.problems or grade.resolved:
+    if run is None or run.timed_out:  # may go otherwise next time: not cached
+        log.warning("task %s: no test output for its statement (%s)", task.instance_id, grade.reason[:300])
+        return ""
+    text = ""
+    if not run.statuses or run.problems or grade.resolved:  # the same at every run: cached, warned once
         log.warning("task %s: no failing test output for its statement (%s: %s)", task.instance_id, grade.status,
                     grade.reason[:300])  # fmt: skip
-        return ""
-    output = _DURATION.sub(r" \2", _ADDRESS.sub("0x...", run.output))
-    text = failure_report(output, max_chars)
+    else:
+        text = failure_report(_DURATION.sub(r" \2", _ADDRESS.sub("0x...", run.output)), max_chars)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)

@@ -33,8 +33,7 @@ def task() -> Task:
 
 
 def test_the_statement_holds_the_start_s_failures_and_is_the_same_every_time(task, tmp_path, monkeypatch):
-    monkeypatch.setenv("AITLRT_HOME", str(tmp_path))  # no statement cached yet
-    monkeypatch.setattr(feedback, "aitlrt_home", lambda: tmp_path)
+    monkeypatch.setattr(feedback, "aitlrt_home", lambda: tmp_path)  # no statement cached yet
     text = starting_failures(task, CHARS)
     assert 0 < len(text) <= CHARS
     failed = {line.split(" - ")[0].removeprefix("FAILED ") for line in text.splitlines() if line.startswith("FAILED")}
