@@ -138,10 +138,10 @@ def run(
             tasks = run_tasks(script)
         except (TaskLoadError, ValueError) as exc:
             raise SystemExit(f"aitlrt train: {exc}") from None
+        load = config.model_init_kwargs = model_init_kwargs(config, model_args)  # trl's, for policy and reference
         if script.warm_start != "none":
-            model_path = warm_start_model(script, config, tasks.warm_start, model_path)
+            model_path = warm_start_model(script, config, tasks.warm_start, model_path, load)
     rows, heldout = tasks.grpo, tasks.heldout
-    load = config.model_init_kwargs = model_init_kwargs(config, model_args)  # trl's, for the policy and the reference
     server: contextlib.AbstractContextManager[ServeProcess | None] = contextlib.nullcontext()
     if script.serve == "managed":
         if state.num_processes > 1 and not config.proxy_url:
@@ -255,17 +255,32 @@ def finish_heldout(evaluations: list[CheckpointResult], out_dir: Path, weights: 
 
 
 def warm_start_model(
-    script: AgentScriptArguments, config: AgentGRPOConfig, rows: list[dict[str, Any]], model: str
+    script: AgentScriptArguments,
+    config: AgentGRPOConfig,
+    rows: list[dict[str, Any]],
+    model: str,
+    load: dict[str, Any],
 ) -> str:
     """The warm-start checkpoint (``aitlrt.warmstart.recipe``) that RL starts from: fine-tuned on the oracle
     teacher's trajectories of ``rows`` (its share of the training tasks and ``warm_start_from``'s tasks; cached),
-    or on the given trajectories file."""
+    or on the given trajectories file; the model loaded at ``load``'s revision and ``trust_remote_code`` (the
+    policy's ``model_init_kwargs``)."""
     from aitlrt.tasks.task import task_from_row
     from aitlrt.warmstart.recipe import warm_start
 
     tasks = [task_from_row(row) for row in rows]
     flags = shlex.split(script.warm_start_args)
-    return str(warm_start(script.warm_start, tasks, model, config.rollout_settings(), flags))
+    return str(
+        warm_start(
+            script.warm_start,
+            tasks,
+            model,
+            config.rollout_settings(),
+            flags,
+            revision=load.get("revision"),
+            trust_remote_code=bool(load.get("trust_remote_code")),
+        )
+    )
 
 
 if __name__ == "__main__":

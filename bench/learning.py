@@ -174,6 +174,9 @@ def main() -> None:
     parser = TrlParser((AgentScriptArguments, AgentGRPOConfig, ModelConfig))  # type: ignore[arg-type]
     recipe = args.config.resolve()
     script, config, model_args = parser.parse_args_and_config(["--config", str(recipe), "--output_dir", "/tmp/x"])
+    if model_args.model_revision not in (None, "main") or config.trust_remote_code:
+        cli.error("the bench loads its recipe's model at its main revision, without remote code (model_revision, "
+                  "trust_remote_code: aitlrt/train.py honours them)")  # fmt: skip
     out = Path(
         os.environ.get("AITLRT_BENCH_OUT")
         or ROOT / "runs" / ("bench_validate" if validating else "bench_learning") / time.strftime("%Y%m%d-%H%M%S")

@@ -80,12 +80,28 @@ def sft_from_flags(data: Path, model: str, output_dir: Path, flags: Sequence[str
         raise RuntimeError(f"warm start: `aitlrt sft {shlex.join(argv)}` failed with exit code {done.returncode}")
 
 
+def model_flags(revision: str | None, trust_remote_code: bool) -> list[str]:
+    """``aitlrt sft``'s flags that load the policy as the run loads it: its ``revision`` (none for ``main``) and
+    ``trust_remote_code``."""
+    flags = ["--model_revision", revision] if revision not in (None, "main") else []
+    return [*flags, "--trust_remote_code"] if trust_remote_code else flags
+
+
 def warm_start(
-    source: str, tasks: Sequence[Task], model: str, settings: RolloutSettings, flags: Sequence[str] = ()
+    source: str,
+    tasks: Sequence[Task],
+    model: str,
+    settings: RolloutSettings,
+    flags: Sequence[str] = (),
+    *,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
 ) -> Path:
-    """The warm-start model folder for ``tasks``: fine-tuned from ``model`` on the oracle teacher's trajectories
-    (``source`` ``oracle``) or on the trajectories file ``source``, with ``aitlrt sft`` ``flags``; cached."""
+    """The warm-start model folder for ``tasks``: fine-tuned from ``model`` (at ``revision``, with
+    ``trust_remote_code``, as the run loads it) on the oracle teacher's trajectories (``source`` ``oracle``) or on
+    the trajectories file ``source``, with ``aitlrt sft`` ``flags``; cached."""
     model = resolve_model(model)
+    flags = [*model_flags(revision, trust_remote_code), *flags]  # in the cache key too; none for the defaults
     if source != ORACLE and not Path(source).is_file():
         raise ValueError(f"warm_start must be 'oracle', 'none' or a trajectories file; {source!r} is neither")
     folder = aitlrt_home() / "warmstart" / cache_key(source, tasks, model, settings, flags)

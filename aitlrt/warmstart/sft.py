@@ -257,13 +257,15 @@ def train_sft(script: SftScriptArguments, config: WarmStartSFTConfig, model_args
     rows = load_sft_rows(script.data)
     model_path = resolve_model(model_args.model_name_or_path or "bundled")
     out_dir = Path(config.output_dir or "runs/sft")
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    load = sft_model_kwargs(config, model_args)
+    config.model_init_kwargs = None  # applied here: trl would warn that they are ignored for a loaded model
+    source = {"revision": load["revision"], "trust_remote_code": load["trust_remote_code"]}
+    tokenizer = AutoTokenizer.from_pretrained(model_path, **source)
     kept, dropped = rows, 0
     if config.max_length is not None and config.truncation_mode == "keep_start":
         kept, dropped = fitting_rows(rows, tokenizer, config.max_length)
-    dtype = model_args.dtype if model_args.dtype in (None, "auto") else getattr(torch, model_args.dtype)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype or "auto")
-    base_config = AutoConfig.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, **load)
+    base_config = AutoConfig.from_pretrained(model_path, **source)
     peft_config = get_peft_config(model_args)
     if config.freeze_layers:
         if peft_config is not None:
@@ -308,6 +310,27 @@ def train_sft(script: SftScriptArguments, config: WarmStartSFTConfig, model_args
     if trainer.accelerator.is_main_process:
         (out_dir / RESULT_FILE).write_text(json.dumps(result.as_json(), indent=1) + "\n")
     return result
+
+
+def sft_model_kwargs(config: SFTConfig, model_args: ModelConfig) -> dict[str, Any]:
+    """The ``from_pretrained`` keyword arguments of the model to fine-tune, as trl's ``sft.py`` script makes them:
+    ``model_args``' revision, attention implementation and dtype (None: "auto", the checkpoint's; a name is
+    ``torch``'s), ``config.trust_remote_code``, then ``config.model_init_kwargs`` over them. ``ValueError`` for a
+    quantised load (``load_in_4bit``/``load_in_8bit``): the output is a full model with any LoRA merged into it."""
+    if model_args.load_in_4bit or model_args.load_in_8bit:
+        raise ValueError(
+            "load_in_4bit/load_in_8bit: aitlrt sft writes a full model (LoRA merged) for vLLM and aitlrt train, "
+            "which a bitsandbytes-quantised base cannot give; fine-tune in bf16/fp32 (use_peft for LoRA)"
+        )
+    dtype = model_args.dtype if model_args.dtype in (None, "auto") else getattr(torch, model_args.dtype)
+    kwargs: dict[str, Any] = {
+        "revision": model_args.model_revision,
+        "trust_remote_code": config.trust_remote_code,
+        "attn_implementation": model_args.attn_implementation,
+        "dtype": dtype or "auto",
+    }
+    given = cast(dict[str, Any], config.model_init_kwargs or {})  # a JSON string is parsed by __post_init__
+    return {**kwargs, **given}
 
 
 def freeze_lower_layers(model: PreTrainedModel, count: int) -> None:

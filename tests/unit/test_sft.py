@@ -294,3 +294,66 @@ def test_shared_prefix_runs_the_common_prompt_once_with_trls_loss_and_gradients(
     torch.testing.assert_close(shared_loss, plain_loss)
     for x, y in zip(shared_grads, plain_grads, strict=True):
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6)
+
+
+def test_the_model_is_loaded_as_trls_sft_script_does(tokenizer, tmp_path):
+    """model_args' revision, attention and dtype, the config's trust_remote_code, then model_init_kwargs over them,
+    for the model, its tokenizer and its config alike; a quantised base is refused."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    model_path = tmp_path / "tiny"
+    tiny_llama(len(tokenizer), 4096).save_pretrained(model_path)
+    tokenizer.save_pretrained(model_path)
+    data = write(tmp_path / "t.jsonl", line())
+    seen: dict[str, list[dict]] = {}
+    with pytest.MonkeyPatch.context() as patch:
+        for cls in (AutoConfig, AutoModelForCausalLM, AutoTokenizer):
+            loaded = cls.from_pretrained
+
+            def load(path, *args, _loaded=loaded, _name=cls.__name__, **kwargs):
+                if str(path) == str(model_path):
+                    seen.setdefault(_name, []).append(kwargs)
+                return _loaded(path, *args, **kwargs)
+
+            patch.setattr(cls, "from_pretrained", load)
+        result = run_sft(
+            data,
+            str(model_path),
+            tmp_path / "out",
+            max_steps=1,
+            model_revision="v2",  # a local folder has no revisions: transformers loads it as it is
+            attn_implementation="sdpa",
+            dtype="bfloat16",
+            trust_remote_code=True,
+            model_init_kwargs={"attn_implementation": "eager"},
+        )
+    assert result.steps == 1
+    model = {"revision": "v2", "trust_remote_code": True, "attn_implementation": "eager", "dtype": torch.bfloat16}
+    assert seen["AutoModelForCausalLM"] == [model]
+    for other in ("AutoTokenizer", "AutoConfig"):  # AutoTokenizer reads the config too, as transformers' own
+        assert seen[other] and all(kw["revision"] == "v2" and kw["trust_remote_code"] for kw in seen[other])
+    with pytest.raises(ValueError, match="load_in_4bit/load_in_8bit"):
+        run_sft(data, str(model_path), tmp_path / "out2", load_in_4bit=True)
+
+
+def test_the_warm_start_loads_the_model_at_the_runs_revision(tmp_path, monkeypatch):
+    """``train.py``'s revision and trust_remote_code reach the warm start's ``aitlrt sft`` and its cache key; the
+    defaults add no flag, so cached warm starts keep their keys."""
+    from aitlrt.rollout.batch import RolloutSettings
+    from aitlrt.warmstart import recipe
+
+    monkeypatch.setenv("AITLRT_HOME", str(tmp_path / "home"))
+    calls: list[list[str]] = []
+    monkeypatch.setattr(recipe, "sft_from_flags", lambda _data, _model, out, flags: calls.append(list(flags)))
+    data = write(tmp_path / "t.jsonl", line())
+    settings = RolloutSettings()
+    plain = recipe.warm_start(str(data), [], str(tmp_path), settings, ["--num_train_epochs", "1"])
+    pinned = recipe.warm_start(str(data), [], str(tmp_path), settings, ["--num_train_epochs", "1"], revision="main")
+    other = recipe.warm_start(
+        str(data), [], str(tmp_path), settings, ["--num_train_epochs", "1"], revision="v2", trust_remote_code=True
+    )
+    assert calls == [
+        ["--num_train_epochs", "1"],
+        ["--model_revision", "v2", "--trust_remote_code", "--num_train_epochs", "1"],
+    ]  # the second call was the cached first one (main is the default revision)
+    assert plain == pinned != other
