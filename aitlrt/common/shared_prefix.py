@@ -31,7 +31,8 @@ CPU_MIN_SHARED = 0.5
 """On CPU, rows share a micro-batch only where they share at least half their tokens (one group's rows and their
 prompt): unrelated rows padded into one pass ran 0.66x the bare loop's tokens/s against 0.91x one by one
 (``bench/step.py``'s multi-turn rows; padding takes attention off its unmasked causal kernel), and one ~1k-token row
-already fills the cores' matrix units, so a batch of them gains nothing there."""
+already fills the cores' matrix units, so a batch of them gains nothing there. Without ``shared_prefix`` (where
+the model does not allow it) every row has its own pass on CPU for the same reason."""
 
 
 def common_prefix_len(rows: Sequence[Sequence[int]]) -> int:

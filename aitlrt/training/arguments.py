@@ -195,8 +195,8 @@ class StepArguments:
             "loss_type; every rank runs the same number of passes); counted as distinct tokens (the common prefix "
             "once) with shared_prefix, else padded tokens (rows x (longest prompt + longest completion)); a row "
             "longer than this goes alone; on CPU, with shared_prefix, only rows sharing half their tokens (one "
-            "prompt's) share a pass (aitlrt.common.shared_prefix.CPU_MIN_SHARED); None: one pass over all of a "
-            "micro-step's rows"
+            "prompt's) share a pass, and without it every row has its own (padding costs more than a pass there: "
+            "aitlrt.common.shared_prefix.CPU_MIN_SHARED); None: one pass over all of a micro-step's rows"
         },
     )
     shared_prefix: bool = field(

@@ -156,11 +156,14 @@ class BatchBuilder:
         return old, ref
 
     def passes(self, batch: dict[str, Any]) -> tuple[list[list[int]], int]:
-        """``batch``'s micro-batches (``prefix_batches`` with ``shared_prefix``, else ``micro_batches``), then the
-        balancing passes up to the largest rank's count (``batching.passes``); and how many are real."""
+        """``batch``'s micro-batches (``prefix_batches`` with ``shared_prefix``, else ``micro_batches``; on CPU
+        without it one row per pass unless the budget is None: ``CPU_MIN_SHARED``), then the balancing passes up
+        to the largest rank's count (``batching.passes``); and how many are real."""
         budget = self.args.max_tokens_per_forward
         if self.trainer._shared_prefix():
             groups = prefix_batches(batching.row_tokens(batch), budget, self.min_shared)
+        elif self.min_shared and budget is not None:  # padded rows cost more than they save on CPU (CPU_MIN_SHARED)
+            groups = [[i] for i in range(len(batch["prompt_ids"]))]
         else:
             lens = batch["prompt_mask"].sum(dim=1).tolist(), batch["completion_mask"].sum(dim=1).tolist()
             groups = batching.micro_batches(*lens, budget)

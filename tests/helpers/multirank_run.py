@@ -297,6 +297,8 @@ def micro_batch_main(repo: str, out: str, loss_type: str, budget: str) -> None:
     batch = trainer.builder.build(rows, owners, [MICRO_ADVANTAGES[r] for r in rollouts])[0]
     if trainer._shared_prefix():  # the rank's own micro-batches, before padding passes
         own = len(prefix_batches(row_tokens(batch), int(budget), trainer.builder.min_shared))
+    elif trainer.builder.min_shared:  # on CPU without a shared prefix: one row per pass
+        own = len(batch["prompt_ids"])
     else:
         own = len(
             micro_batches(batch["prompt_mask"].sum(1).tolist(), batch["completion_mask"].sum(1).tolist(), int(budget))
