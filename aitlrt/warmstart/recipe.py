@@ -26,6 +26,7 @@ from aitlrt.common.model import resolve_model
 from aitlrt.common.paths import aitlrt_home
 from aitlrt.rollout.batch import RolloutSettings
 from aitlrt.tasks.task import Task
+from aitlrt.warmstart.oracle_shell import SHELL_VERSION
 from aitlrt.warmstart.trajectories import DEFAULT_REWARDS, collect, reward_funcs, teacher_from
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,8 @@ def cache_key(source: str, tasks: Sequence[Task], model: str, settings: RolloutS
     }
     if source == ORACLE and feedback:
         inputs["multi_turn"] = True  # the oracle's trajectories include multi-turn ones (decoy first)
+    if source == ORACLE and settings.agent == "mini-swe-agent":
+        inputs["shell_oracle"] = SHELL_VERSION  # Aider's warm starts keep their keys
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -1,9 +1,9 @@
-"""The oracle teacher with the real mini-swe-agent (text mode, its commands in the sandbox) through a real
-``aitlrt-serve``: ``aitlrt trajectories --agent mini-swe-agent --teacher oracle`` on two generated cachetools tasks,
-three more that share one problem statement (told apart by the lines the inspection shows), and two SWE-smith
-webargs tasks (multi-hunk fixes). Every rollout inspects, patches and submits, leaves exactly the oracle fix and
-resolves its task (real grading: kept at weighted reward 1.5); every call is one row, as the proxy recorded it, and
-``aitlrt sft`` trains on the rows. The tool-calling mode is refused with the oracle."""
+"""The oracle teacher with the real mini-swe-agent (text mode, its commands in the sandbox) through a real ``aitlrt-
+serve``: ``aitlrt trajectories --agent mini-swe-agent --teacher oracle`` on two generated cachetools tasks, three
+more that share one problem statement (told apart by the lines the inspection shows), and two SWE-smith webargs tasks
+(multi-hunk fixes). Every rollout lists the source files, inspects, patches and submits, leaves exactly the oracle
+fix and resolves its task (real grading: kept at weighted reward 1.5); every call is one row, as the proxy recorded
+it, and ``aitlrt sft`` trains on the rows. The tool-calling mode is refused with the oracle."""
 
 from __future__ import annotations
 
@@ -76,12 +76,14 @@ def test_mini_swe_agent_with_the_oracle_resolves_every_task_and_its_calls_train(
         by_task.setdefault(row["instance_id"], []).append(step)
     assert len(by_task) == 7
     for instance_id, steps in by_task.items():
-        inspections = len(steps) - 2  # one per candidate looked at: a task of its own, one; three alike, up to three
-        assert steps == ["nl"] * inspections + ["apply", "submit"], (instance_id, steps)
+        inspections = len(steps) - 3  # one per file looked at: a task of its own, one; three alike, up to three
+        assert steps == ["find", *["nl"] * inspections, "apply", "submit"], (instance_id, steps)
         assert 1 <= inspections <= (3 if instance_id in SAME_STATEMENT else 1), (instance_id, steps)
-    assert sorted(len(steps) - 2 for task_id, steps in by_task.items() if task_id in SAME_STATEMENT) == [1, 2, 3]
+    assert [len(by_task[task_id]) - 3 for task_id in SAME_STATEMENT] == [1, 1, 1]  # one file: its listing tells
+    # the three apart
 
-    result = run_sft(out, "bundled", tmp_path / "sft", max_steps=1, gradient_accumulation_steps=1)
+    # webargs' files are read whole (up to 8,000 characters): their last rows pass the default 4,096 tokens
+    result = run_sft(out, "bundled", tmp_path / "sft", max_steps=1, gradient_accumulation_steps=1, max_length=8192)
     assert (result.rows, result.dropped_too_long, result.steps) == (len(rows), 0, 1)
     assert all(math.isfinite(loss) for loss in result.losses)
 

@@ -37,8 +37,9 @@ DIFFERENT = {  # the keys whose values differ from cpu_demo.yaml's, each comment
     "output_dir",
 }
 DROPPED = {"edit_format", "aider_reminder"}  # Aider's knobs: mini-swe-agent reads neither
-ORACLE_CALLS = 4
-"""The oracle's calls on a task of its own (``aitlrt.warmstart.oracle_shell``): inspect, patch, run-tests, submit."""
+ORACLE_CALLS = 5
+"""The oracle's calls on a task of its own (``aitlrt.warmstart.oracle_shell``): locate, inspect, patch, run-tests,
+submit."""
 
 
 def parsed(path: Path, tmp_path: Path) -> tuple[AgentScriptArguments, AgentGRPOConfig, ModelConfig]:

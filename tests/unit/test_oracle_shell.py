@@ -1,7 +1,8 @@
 """The oracle teacher's shell actions for mini-swe-agent's text mode: each answer read back by mini-swe-agent's own
 parser (from its venv), a conversation played out with the real ``nl``, ``sed`` and ``patch`` in a scratch copy
-(inspect, apply, submit; the files end fixed), tasks that share a problem statement told apart by what the shown
-lines are, and diffs that ``patch`` applies to files without a final newline, created and deleted."""
+(locate, inspect, apply, submit; the files end fixed; each step acts on what the conversation shows), tasks that
+share a problem statement told apart by what the shown lines are, and diffs that ``patch`` applies to files without a
+final newline, created and deleted."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from aitlrt.rollout.agents.mini_swe import TEST_ALIAS, feedback_note, miniswe_ve
 from aitlrt.warmstart.oracle import OracleFile, OracleTask
 from aitlrt.warmstart.oracle_shell import (
     APPLY,
+    LOCATE,
     SHOWN_CHARS,
     SUBMIT,
     answer_shell,
@@ -65,18 +67,24 @@ def play(root: Path, tasks: list[OracleTask], turns: int = 6) -> list[str]:
     raise AssertionError(f"no submit in {turns} turns: {answers}")
 
 
-def test_inspect_apply_submit_leaves_the_fixed_files(tmp_path):
+def test_locate_inspect_apply_submit_leaves_the_fixed_files(tmp_path):
+    """Each step acts on what the conversation shows: the failing tests' file named in the task, the source files
+    listed, the file read whole; then the fix."""
     fixed = CALC.replace("return a - b", "return a + b")
-    oracle = task("calc", OracleFile("calc.py", CALC, fixed))
-    write(tmp_path, {"calc.py": CALC})
+    oracle = task("calc", OracleFile("pkg/calc.py", CALC, fixed))
+    write(tmp_path, {"pkg/calc.py": CALC, "pkg/__init__.py": "", "tests/test_calc.py": "def test_add(): ...\n"})
     answers = play(tmp_path, [oracle])
     steps = [commands(a)[0] for a in answers]
-    assert steps == ["nl -ba calc.py | sed -n '119,122p'", apply_command(oracle), SUBMIT]
+    assert steps == [LOCATE, "nl -ba pkg/calc.py", apply_command(oracle), SUBMIT]
+    assert answers[0].startswith("THOUGHT: The failing tests are in tests/test_calc.py. Let me list the source")
+    assert answers[1].startswith("THOUGHT: pkg/calc.py should hold the code the failing tests exercise. Let me read")
     assert all(a.startswith("THOUGHT: ") for a in answers)
-    assert steps[1].startswith(f"{APPLY}\n--- a/calc.py\n+++ b/calc.py\n@@ -119,4 +119,4 @@\n")
-    assert steps[1].endswith("\n+    return a + b\nEOF")
-    assert (tmp_path / "calc.py").read_text() == fixed
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["calc.py"]  # no .orig, no .rej
+    listed = run(tmp_path, LOCATE)["content"]
+    assert "./pkg/calc.py" in listed and "test_calc" not in listed
+    assert steps[2].startswith(f"{APPLY}\n--- a/pkg/calc.py\n+++ b/pkg/calc.py\n@@ -119,4 +119,4 @@\n")
+    assert steps[2].endswith("\n+    return a + b\nEOF")
+    assert (tmp_path / "pkg" / "calc.py").read_text() == fixed
+    assert sorted(p.name for p in (tmp_path / "pkg").iterdir()) == ["__init__.py", "calc.py"]  # no .orig, no .rej
 
 
 def test_with_test_feedback_the_oracle_runs_the_tests_once_after_its_fix(tmp_path):
@@ -88,18 +96,22 @@ def test_with_test_feedback_the_oracle_runs_the_tests_once_after_its_fix(tmp_pat
     with pytest.MonkeyPatch.context() as env:
         env.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")  # a stand-in for the alias
         steps = [commands(a)[0] for a in play(tmp_path, [oracle])]
-    assert steps == [inspection(oracle)[0], apply_command(oracle), TEST_ALIAS, SUBMIT]
+    assert steps == [LOCATE, inspection(oracle)[0], apply_command(oracle), TEST_ALIAS, SUBMIT]
     assert (tmp_path / "calc.py").read_text() == fixed
 
 
 def test_tasks_sharing_a_statement_are_told_apart_by_the_lines_shown(tmp_path):
     early = CALC.replace("return x + 3", "return x - 3")  # another bug with the same failing test's statement
-    wrong = task("early", OracleFile("calc.py", early, CALC.replace("return a - b", "return a + b")))
+    other = "def sub(a, b):\n    return a + b\n"
+    wrong = task("other", OracleFile("other.py", other, other.replace("a + b", "a - b")))
+    twin = task("early", OracleFile("calc.py", early, CALC.replace("return a - b", "return a + b")))
     right = task("late", OracleFile("calc.py", CALC, CALC.replace("return a - b", "return a + b")))
-    write(tmp_path, {"calc.py": CALC})
-    steps = [commands(a)[0] for a in play(tmp_path, [wrong, right])]
-    # the first candidate's lines are not the file's: the next one is inspected, found, and fixed
-    assert steps == [inspection(wrong)[0], inspection(right)[0], apply_command(right), SUBMIT]
+    write(tmp_path, {"calc.py": CALC, "other.py": other.replace("a + b", "a - b")})
+    steps = [commands(a)[0] for a in play(tmp_path, [wrong, twin, right])]
+    # the first candidate's file shows another start (its bug is not there): the next file is read, and of the two
+    # candidates in it the one whose start the listing shows is fixed
+    assert inspection(twin)[0] == inspection(right)[0] == "nl -ba calc.py"
+    assert steps == [LOCATE, "nl -ba other.py", "nl -ba calc.py", apply_command(right), SUBMIT]
     assert (tmp_path / "calc.py").read_text() == CALC.replace("return a - b", "return a + b")
 
 
@@ -108,7 +120,7 @@ def test_a_stranger_is_told_to_submit_and_a_fix_only_creating_files_is_applied_a
     assert commands(stranger) == [SUBMIT]
     new = task("new", OracleFile("pkg/new.py", "", "X = 1\n"))
     steps = [commands(a)[0] for a in play(tmp_path, [new])]
-    assert steps == [apply_command(new), SUBMIT] and (tmp_path / "pkg" / "new.py").read_text() == "X = 1\n"
+    assert steps == [LOCATE, apply_command(new), SUBMIT] and (tmp_path / "pkg" / "new.py").read_text() == "X = 1\n"
 
 
 @pytest.mark.parametrize(
@@ -124,7 +136,9 @@ def test_patch_applies_the_diff_exactly(tmp_path, before, after):
     oracle = task("t", OracleFile("m.py", before, after), OracleFile("gone.py", "G = 1\n", ""))
     write(tmp_path, {"m.py": before, "gone.py": "G = 1\n"})
     look = inspection(oracle)[0]
-    shown = [*opening(), {"role": "assistant", "content": f"```mswea_bash_command\n{look}\n```"}, run(tmp_path, look)]
+    shown = opening()
+    for command in (LOCATE, look):
+        shown += [{"role": "assistant", "content": f"```mswea_bash_command\n{command}\n```"}, run(tmp_path, command)]
     (command,) = commands(answer_shell([oracle], shown))
     assert command == apply_command(oracle) and fix_diff(oracle) in command
     done = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=30)
@@ -146,7 +160,7 @@ def test_mini_swe_agents_own_parser_reads_one_action_per_answer(tmp_path):
     oracle = task("calc", OracleFile("calc.py", "x = '```'\n", "```\n"))
     write(tmp_path, {"calc.py": "x = '```'\n"})
     answers = play(tmp_path, [oracle])
-    assert len(answers) == 3
+    assert len(answers) == 4  # locate, inspect, apply, submit
     read = (
         "import json, sys\n"
         "from minisweagent.models.litellm_textbased_model import LitellmTextbasedModelConfig as C\n"
