@@ -52,8 +52,8 @@ LOCATE = "find . -name '*.py' -not -path './.git/*' -not -path '*/tests/*' -not 
 """The first command: the source files, where the module the failing tests exercise is found by its name."""
 SHELL_VERSION = 2
 """In the warm start's cache key (``aitlrt.warmstart.recipe``): 1 inspected the fix's lines at once, which nothing
-in the conversation showed (a policy trained on it named files of its training packages in 34 of 46 held-out
-rollouts, docs/warm-start.md); 2 locates the file first and reads it whole."""
+in the conversation showed (its warm start's first command read a file of its training packages in 28 of 34
+held-out rollouts, docs/warm-start.md); 2 locates the file first and reads it whole."""
 _TEST_FILE = re.compile(r"([\w./-]+\.py)::")
 
 
