@@ -108,7 +108,9 @@ def rl_config(folder: Path, recipe: Path) -> Path:
 def grpo(
     seed: int, tasks: Path, warm: Path, out: Path, recipe: Path, serve_args: str, extra: Sequence[str] = ()
 ) -> tuple[int, int, int]:
-    """``aitlrt/train.py`` on the training tasks from the warm start; (updates, skipped, zero-gradient updates)."""
+    """``aitlrt/train.py`` on the training tasks from the warm start; (updates, skipped, zero-gradient updates). A run
+    whose folder holds its trained model already (a rerun into the same ``AITLRT_BENCH_OUT``) is kept, not run
+    again."""
     cmd = [
         sys.executable,
         str(ROOT / "aitlrt" / "train.py"),
@@ -130,11 +132,14 @@ def grpo(
         f"{serve_args} --seed {seed}",
         *extra,
     ]
-    print(f"[bench] seed {seed}: GRPO -> {out} (log {out}.log)", flush=True)
-    with open(f"{out}.log", "w") as log:
-        done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ})
-    if done.returncode:
-        raise SystemExit(f"[bench] the GRPO run of seed {seed} failed ({done.returncode}): see {out}.log")
+    if (out / "config.json").exists() or (out / "adapter_config.json").exists():  # --use_peft: an adapter
+        print(f"[bench] seed {seed}: GRPO kept from {out}", flush=True)
+    else:
+        print(f"[bench] seed {seed}: GRPO -> {out} (log {out}.log)", flush=True)
+        with open(f"{out}.log", "w") as log:
+            done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ})
+        if done.returncode:
+            raise SystemExit(f"[bench] the GRPO run of seed {seed} failed ({done.returncode}): see {out}.log")
     from aitlrt.report import metric_names as names
     from aitlrt.report.metrics_file import read_metrics
 
@@ -390,13 +395,10 @@ def validate(
         for seed in seeds:
             run = out / f"variant-{hashlib.sha1(variant.encode()).hexdigest()[:8]}{f'-seed{seed}' if seed else ''}"
             label = (variant or "(the recipe)") + (f" [seed {seed}]" if len(seeds) > 1 else "")
-            if (run / "config.json").exists() or (run / "adapter_config.json").exists():  # --use_peft: an adapter
-                print(f"[bench] {label!r}: kept from {run}", flush=True)
-            else:
-                t0 = time.monotonic()
-                done = grpo(seed, rl_tasks, warm, run, recipe, script.serve_args, rest)
-                print(f"[bench] {label!r}: {done[0]} updates, {done[1]} skipped, "
-                      f"{time.monotonic() - t0:.0f} s", flush=True)  # fmt: skip
+            t0 = time.monotonic()
+            done = grpo(seed, rl_tasks, warm, run, recipe, script.serve_args, rest)
+            print(f"[bench] {label!r}: {done[0]} updates, {done[1]} skipped, "
+                  f"{time.monotonic() - t0:.0f} s", flush=True)  # fmt: skip
             for step, saved in intermediate_checkpoints(run):
                 checkpoints[f"{label} @ step {step}"] = str(saved)
                 warm_of[f"{label} @ step {step}"] = warm_label

@@ -112,6 +112,31 @@ def test_the_bench_arm_names_its_agent_and_its_grpo_config_keeps_it(tmp_path):
     assert grpo["agent"] == "mini-swe-agent" and not [k for k in grpo if k.startswith(("warm_start", "heldout_from"))]
 
 
+def test_a_seeds_finished_grpo_run_is_kept_on_a_rerun(tmp_path, monkeypatch, capsys):
+    """A rerun into the same ``AITLRT_BENCH_OUT`` keeps a seed's trained model and reads its updates back (the mini
+    arm's seed does not fit one session: GRPO ~36 min, its evaluation ~1 h); a folder without one runs GRPO."""
+    learning = bench_module("learning")
+    run = tmp_path / "seed0" / "grpo"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text("{}")
+    steps = [{"sampling/skipped_update": 0.0, "grad_norm": 0.3}, {"sampling/skipped_update": 1.0}]
+    steps.append({"sampling/skipped_update": 0.0, "grad_norm": 0.0})
+    (run / "metrics.jsonl").write_text("".join(json.dumps({**m, "step": i + 1}) + "\n" for i, m in enumerate(steps)))
+    monkeypatch.setattr(learning.subprocess, "run", lambda *a, **k: pytest.fail(f"GRPO ran again: {a}"))
+    assert learning.grpo(0, tmp_path / "t.jsonl", tmp_path / "warm", run, MINI, "") == (2, 1, 1)
+    assert "GRPO kept from" in capsys.readouterr().out
+    ran: list[list[str]] = []
+
+    def fake(cmd, **_kw):
+        ran.append(cmd)
+        return learning.subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(learning.subprocess, "run", fake)
+    (run / "config.json").unlink()
+    learning.grpo(0, tmp_path / "t.jsonl", tmp_path / "warm", run, MINI, "")
+    assert len(ran) == 1 and "--output_dir" in ran[0]
+
+
 def test_a_results_row_keeps_the_config_and_agent_the_bench_named(tmp_path, capsys):
     results = bench_module("results")
     path = tmp_path / "results.jsonl"
