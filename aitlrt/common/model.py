@@ -115,3 +115,19 @@ def _save_folder(model: Any, tokenizer: Any, out: Path, note: str) -> None:
     (tmp / _DONE_MARKER).write_text(note + "\n")
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
+
+
+def load_kwargs(
+    model_args: Any, trust_remote_code: bool, given: dict[str, Any] | None, **defaults: Any
+) -> dict[str, Any]:
+    """``from_pretrained``'s keyword arguments as trl's ``grpo.py``/``sft.py`` scripts make them: ``model_args``'
+    (trl's ``ModelConfig``) revision, attention implementation and dtype (None: "auto", the checkpoint's), the
+    config's ``trust_remote_code``, then the caller's ``defaults`` and the config's ``model_init_kwargs`` (``given``)
+    over them."""
+    kwargs = {
+        "revision": model_args.model_revision,
+        "trust_remote_code": trust_remote_code,
+        "attn_implementation": model_args.attn_implementation,
+        "dtype": model_args.dtype or "auto",
+    }
+    return {**kwargs, **defaults, **(given or {})}

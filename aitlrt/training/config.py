@@ -12,6 +12,7 @@ from typing import Any, Literal, cast
 import torch
 from trl import GRPOConfig, ModelConfig
 
+from aitlrt.common.model import load_kwargs
 from aitlrt.common.resources import cpu_mixed_precision, rollout_concurrency
 from aitlrt.rollout.arguments import RolloutArguments, check_choices
 from aitlrt.training.arguments import (
@@ -65,15 +66,8 @@ def model_init_kwargs(config: GRPOConfig, model_args: ModelConfig) -> dict[str, 
     checkpoint's), ``config.trust_remote_code``, then ``config.model_init_kwargs`` over them. ``device_map`` defaults
     to None (trl's is "auto" on GPU): the Trainer places the model, as "auto" would size its placement by the memory
     the managed vLLM, started first on the same GPU, left free."""
-    kwargs: dict[str, Any] = {
-        "revision": model_args.model_revision,
-        "trust_remote_code": config.trust_remote_code,
-        "attn_implementation": model_args.attn_implementation,
-        "dtype": model_args.dtype or "auto",
-        "device_map": None,
-    }
-    given = cast(dict[str, Any], config.model_init_kwargs or {})  # a JSON string is parsed by __post_init__
-    return {**kwargs, **given}
+    given = cast(dict[str, Any] | None, config.model_init_kwargs)  # a JSON string is parsed by __post_init__
+    return load_kwargs(model_args, config.trust_remote_code, given, device_map=None)
 
 
 def served_model_flags(kwargs: dict[str, Any], given: Sequence[str] = ()) -> list[str]:

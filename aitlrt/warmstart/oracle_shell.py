@@ -103,8 +103,9 @@ def inspection(task: OracleTask) -> tuple[str | None, frozenset[str]]:
     for f in task.files:
         lines, ranges = _split(f.before), []
         whole = [_numbered(line.rstrip("\n"), n) for n, line in enumerate(lines, 1)]
-        if lines and size + sum(len(p) + 1 for p in whole) <= SHOWN_CHARS:
-            size += sum(len(p) + 1 for p in whole)
+        listed = sum(len(p) + 1 for p in whole)
+        if lines and size + listed <= SHOWN_CHARS:
+            size += listed
             parts.append(f"nl -ba {shlex.quote(f.path)}")
             shown.update(whole)
             continue

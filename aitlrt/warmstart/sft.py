@@ -25,6 +25,7 @@ from accelerate.utils import is_peft_model
 from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser
 
 from aitlrt.common.lm_head import scored_positions_only
+from aitlrt.common.model import load_kwargs
 from aitlrt.common.resources import cpu_mixed_precision
 from aitlrt.common.shared_prefix import shared_prefix_forward, use_shared_prefix
 from aitlrt.report import metric_names as names
@@ -313,24 +314,17 @@ def train_sft(script: SftScriptArguments, config: WarmStartSFTConfig, model_args
 
 
 def sft_model_kwargs(config: SFTConfig, model_args: ModelConfig) -> dict[str, Any]:
-    """The ``from_pretrained`` keyword arguments of the model to fine-tune, as trl's ``sft.py`` script makes them:
-    ``model_args``' revision, attention implementation and dtype (None: "auto", the checkpoint's; a name is
-    ``torch``'s), ``config.trust_remote_code``, then ``config.model_init_kwargs`` over them. ``ValueError`` for a
-    quantised load (``load_in_4bit``/``load_in_8bit``): the output is a full model with any LoRA merged into it."""
+    """The ``from_pretrained`` keyword arguments of the model to fine-tune (``load_kwargs``, as trl's ``sft.py``
+    script makes them; a dtype name as ``torch``'s). ``ValueError`` for a quantised load (``load_in_4bit``/
+    ``load_in_8bit``): the output is a full model with any LoRA merged into it."""
     if model_args.load_in_4bit or model_args.load_in_8bit:
         raise ValueError(
             "load_in_4bit/load_in_8bit: aitlrt sft writes a full model (LoRA merged) for vLLM and aitlrt train, "
             "which a bitsandbytes-quantised base cannot give; fine-tune in bf16/fp32 (use_peft for LoRA)"
         )
     dtype = model_args.dtype if model_args.dtype in (None, "auto") else getattr(torch, model_args.dtype)
-    kwargs: dict[str, Any] = {
-        "revision": model_args.model_revision,
-        "trust_remote_code": config.trust_remote_code,
-        "attn_implementation": model_args.attn_implementation,
-        "dtype": dtype or "auto",
-    }
-    given = cast(dict[str, Any], config.model_init_kwargs or {})  # a JSON string is parsed by __post_init__
-    return {**kwargs, **given}
+    given = cast(dict[str, Any] | None, config.model_init_kwargs)  # a JSON string is parsed by __post_init__
+    return load_kwargs(model_args, config.trust_remote_code, given, dtype=dtype or "auto")
 
 
 def freeze_lower_layers(model: PreTrainedModel, count: int) -> None:
