@@ -180,20 +180,26 @@ def dynamic_main(repo: str, out: str) -> None:
 
     def rollouts(inputs, step=None):
         informative = next(rounds) == 1 and rank == 1  # step 1, round 2, rank 1 only
-        trace = [
-            {
-                "call_index": 0,
-                "prompt_token_ids": [3, 4],
-                "completion_token_ids": [5 + rank, 6],
-                "logprobs": [-0.5, -0.5],
-                "status": 200,
-                "tag": None,
-                "weight_version": 0,
-            }
-        ]
+
+        def trace(i: int) -> list[dict]:
+            """One call; the two rollouts' completions differ (identical rows with opposite advantages would
+            cancel to an exactly zero gradient)."""
+            completion = [5 + rank, 6 + i]
+            return [
+                {
+                    "call_index": 0,
+                    "prompt_token_ids": [3, 4],
+                    "completion_token_ids": completion,
+                    "logprobs": [-0.5, -0.5],
+                    "status": 200,
+                    "tag": None,
+                    "weight_version": 0,
+                }
+            ]
+
         patches = ["good", ""] if informative else ["", ""]
         made = enumerate(patches)
-        return [RolloutOutcome(f"r{rank}{i}", "t", "ok", "", p, 1, 0, 2, "", trace=trace) for i, p in made]
+        return [RolloutOutcome(f"r{rank}{i}", "t", "ok", "", p, 1, 0, 2, "", trace=trace(i)) for i, p in made]
 
     trainer.collector.rollouts = rollouts  # type: ignore[method-assign]
     snapshots = [[p.detach().clone() for p in trainer.model.parameters()]]
