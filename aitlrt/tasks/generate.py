@@ -2,7 +2,9 @@
 beyond PyPI (SWE-smith's procedural method).
 
 For each candidate mutation (``tasks.mutations``) of the library's code, run the test suite on the mutated code;
-keep it when at least one test goes pass→fail and at least one still passes. The task's starting point is the
+keep it when at least one test goes pass→fail and at least one still passes, and the grader (in its sandbox, with its
+plugin) resolves the task with the oracle fix (a fix the grader cannot pass, e.g. one to the file that installs the
+library's import hook, would make a task no policy can solve). The task's starting point is the
 source plus the bug (``setup_patch``), its oracle git's diff back to the source (what an agent's exact fix gives),
 FAIL_TO_PASS the broken tests, PASS_TO_PASS the ones still passing, and its problem statement names the failing
 tests.
@@ -25,10 +27,11 @@ from typing import Any
 from aitlrt.common.git import git
 from aitlrt.common.workspace import workspace
 from aitlrt.tasks.envs import TestEnv, ensure_env
+from aitlrt.tasks.grading import grade
 from aitlrt.tasks.mutations import Mutation, mutations
 from aitlrt.tasks.pytest_run import PASSED, run_pytest
 from aitlrt.tasks.sources import Source, materialise
-from aitlrt.tasks.task import PROBLEM_TEMPLATE, Task
+from aitlrt.tasks.task import PROBLEM_TEMPLATE, Task, task_from_row
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +61,8 @@ class Report:
     kept: int = 0
     no_failure: int = 0
     all_fail: int = 0
+    ungradeable: int = 0
+    """Mutations whose oracle fix the grader does not resolve."""
     timeouts: int = 0
     baseline_s: float = 0.0
     seconds: float = 0.0
@@ -66,7 +71,8 @@ class Report:
     def line(self) -> str:
         return (
             f"tried {self.candidates} mutations: kept {self.kept}, no test broke {self.no_failure}, "
-            f"every test broke {self.all_fail}, timed out {self.timeouts} ({self.seconds:.0f} s)"
+            f"every test broke {self.all_fail}, oracle fix not resolved by the grader {self.ungradeable}, "
+            f"timed out {self.timeouts} ({self.seconds:.0f} s)"
         )
 
 
@@ -182,6 +188,8 @@ def generate_tasks(
                 fix = _fix_diff(ws.repo, path, original)
                 f2p = [t for t in passing if statuses.get(t) != PASSED]
                 p2p = [t for t in passing if statuses.get(t) == PASSED]
+                row = _row(source, name, version, path, mutation, bug, fix, f2p, p2p, env)
+                gold = grade(task_from_row(row), fix, timeout) if f2p and p2p and not timed_out else None
                 with lock:
                     if timed_out:
                         report.timeouts += 1
@@ -189,10 +197,17 @@ def generate_tasks(
                         report.no_failure += 1
                     elif not p2p:
                         report.all_fail += 1
+                    elif gold is not None and not gold.resolved:
+                        report.ungradeable += 1
+                        log.info(
+                            "dropped %s: the grader does not resolve its oracle fix (%s: %s)",
+                            row["instance_id"],
+                            gold.status,
+                            gold.reason[:200],
+                        )
                     elif report.kept < max_tasks:
                         report.kept += 1
                         report.kinds[mutation.kind] = report.kinds.get(mutation.kind, 0) + 1
-                        row = _row(source, name, version, path, mutation, bug, fix, f2p, p2p, env)
                         sink.write(json.dumps(row) + "\n")
                         sink.flush()
                         log.info(

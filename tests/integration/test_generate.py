@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -66,3 +67,48 @@ def test_source_rows_are_the_generated_tasks_of_each_source():
     assert [r["instance_id"] for r in rows] == [c["instance_id"] for c in cached[:2]]
     assert [r["prompt"] for r in rows] == [c["problem_statement"] for c in cached[:2]]
     assert all(r["patch"] and r["FAIL_TO_PASS"] for r in rows)
+
+
+HOOK = """import sys
+
+
+class Finder:
+    def find_spec(self, name, path=None, target=None):
+        return None
+
+
+def install():
+    if not any(isinstance(f, Finder) for f in sys.meta_path):
+        sys.meta_path.append(Finder())
+
+
+def double(x):
+    if x < 0:
+        return -2 * abs(x)
+    return x * 2
+"""
+
+
+def test_a_mutation_whose_oracle_the_grader_does_not_resolve_is_dropped(tmp_path):
+    """The library installs an import hook at import (as toolz's ``tlz`` does): the grader takes a hook from a file
+    the patch changed for tampering, so a bug in the hook's own file has an oracle no policy could pass."""
+    lib = tmp_path / "lib"
+    (lib / "mini").mkdir(parents=True)
+    (lib / "tests").mkdir()
+    (lib / "mini" / "__init__.py").write_text("from mini._hook import install\n\ninstall()\n")
+    (lib / "mini" / "_hook.py").write_text(HOOK)
+    (lib / "mini" / "core.py").write_text("def inc(x):\n    if x > 100:\n        return x\n    return x + 1\n")
+    (lib / "tests" / "test_mini.py").write_text(
+        "from mini._hook import double\nfrom mini.core import inc\n\n\n"
+        "def test_inc():\n    assert inc(1) == 2 and inc(200) == 200\n\n\n"
+        "def test_double():\n    assert double(3) == 6 and double(-1) == -2\n\n\n"
+        "def test_other():\n    assert True\n"
+    )
+    out = tmp_path / "t.jsonl"
+    made = aitlrt("tasks", "generate", "--from", str(lib), "--out", str(out), "--max-tasks", "10")
+    assert made.returncode == 0, made.stdout + made.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rows and all(row["files"] == ["mini/core.py"] for row in rows), [r["files"] for r in rows]
+    said = made.stderr + made.stdout
+    assert "dropped" in said and "sys.meta_path gained Finder" in said
+    assert int(re.search(r"oracle fix not resolved by the grader (\d+)", said).group(1)) >= 1
