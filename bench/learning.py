@@ -15,7 +15,10 @@ pass) and the mean weighted reward of the run's reward functions; GRPO's paired 
 marked as trained on (other functions of it) or never seen.
 
 Everything stays under the folder printed at the start (task splits, warm start, per seed the GRPO checkpoint,
-its metrics and the held-out rollouts), so the checkpoints can be evaluated elsewhere with ``aitlrt eval``.
+its metrics and the held-out rollouts), so the checkpoints can be evaluated elsewhere with ``aitlrt eval``. Rerun
+into the same folder (``AITLRT_BENCH_OUT=runs/bench_learning/STAMP``), a seed's finished GRPO run and held-out
+evaluation are kept, not run again (a seed takes ~1.6 h with mini-swe-agent on 2 cores: the 3 seeds can span
+sessions); ``bench_minutes`` counts the kept phases' time when they ran.
 ``zero_loss_updates`` counts the GRPO optimizer updates that ran (not skipped by dynamic sampling) with a zero
 gradient norm: updates that could not change a weight.
 
@@ -37,6 +40,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
 import shlex
 import statistics
 import subprocess
@@ -109,8 +113,8 @@ def grpo(
     seed: int, tasks: Path, warm: Path, out: Path, recipe: Path, serve_args: str, extra: Sequence[str] = ()
 ) -> tuple[int, int, int]:
     """``aitlrt/train.py`` on the training tasks from the warm start; (updates, skipped, zero-gradient updates). A run
-    whose folder holds its trained model already (a rerun into the same ``AITLRT_BENCH_OUT``) is kept, not run
-    again."""
+    whose folder holds its trained model already (``trained``: a rerun into the same ``AITLRT_BENCH_OUT``) is kept,
+    not run again; a run's seconds go to ``{out}.seconds``."""
     cmd = [
         sys.executable,
         str(ROOT / "aitlrt" / "train.py"),
@@ -132,14 +136,16 @@ def grpo(
         f"{serve_args} --seed {seed}",
         *extra,
     ]
-    if (out / "config.json").exists() or (out / "adapter_config.json").exists():  # --use_peft: an adapter
+    if trained(out):
         print(f"[bench] seed {seed}: GRPO kept from {out}", flush=True)
     else:
         print(f"[bench] seed {seed}: GRPO -> {out} (log {out}.log)", flush=True)
+        t0 = time.monotonic()
         with open(f"{out}.log", "w") as log:
             done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ})
         if done.returncode:
             raise SystemExit(f"[bench] the GRPO run of seed {seed} failed ({done.returncode}): see {out}.log")
+        Path(f"{out}.seconds").write_text(f"{time.monotonic() - t0:.1f}\n")
     from aitlrt.report import metric_names as names
     from aitlrt.report.metrics_file import read_metrics
 
@@ -147,6 +153,33 @@ def grpo(
     skipped = sum(s[names.SKIPPED_UPDATE] > 0 for s in steps)
     zero = sum(s[names.SKIPPED_UPDATE] == 0 and not s.get(names.GRAD_NORM) for s in steps)
     return len(steps) - skipped, skipped, zero
+
+
+def trained(out: Path) -> bool:
+    """Whether the GRPO run in ``out`` finished: its model (or, ``--use_peft``, its adapter) is saved."""
+    return (out / "config.json").exists() or (out / "adapter_config.json").exists()
+
+
+def kept_seconds(path: Path) -> float:
+    """The seconds a kept phase took when it ran (its ``.seconds`` file; 0 for a run made before they were kept)."""
+    return float(path.read_text()) if path.exists() else 0.0
+
+
+def kept_evaluation(path: Path, checkpoints: Sequence[str], tasks: Sequence[str]) -> tuple[list, float] | None:
+    """A seed's held-out results and seconds saved by an earlier run into the same ``AITLRT_BENCH_OUT`` (``path``), if
+    they score the same ``checkpoints`` on the same ``tasks`` (instance ids, in order) and this code still loads them;
+    else None."""
+    if not path.exists():
+        return None
+    try:
+        kept = pickle.loads(path.read_bytes())
+    except Exception as exc:  # saved by other code: evaluated again
+        print(f"[bench] {path} does not load ({exc!r}): evaluating again", flush=True)
+        return None
+    if kept["checkpoints"] != list(checkpoints) or kept["tasks"] != list(tasks):
+        print(f"[bench] {path} scored other checkpoints or tasks: evaluating again", flush=True)
+        return None
+    return kept["results"], kept["seconds"]
 
 
 def main() -> None:
@@ -210,35 +243,52 @@ def main() -> None:
     warm, rl_tasks = warm_and_rl(train, script.warm_start_share, out, base, script, config)
     results: dict[int, dict[str, Any]] = {}
     updates: dict[int, tuple[int, int, int]] = {}
+    kept_s = 0.0  # what the phases kept from an earlier run into the same folder took then: in bench_minutes
     for seed in SEEDS:
         run = out / f"seed{seed}"
         run.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
+        kept_s += kept_seconds(run / "grpo.seconds") if trained(run / "grpo") else 0.0
         updates[seed] = grpo(seed, rl_tasks, warm, run / "grpo", recipe, script.serve_args)
         print(f"[bench] seed {seed}: GRPO done in {time.monotonic() - t0:.0f} s", flush=True)
         first = seed == SEEDS[0]  # the base model and the trivial policies (deterministic) are scored once
-        checkpoints = [base, str(warm), str(run / "grpo")] if first else [str(warm), str(run / "grpo")]
-        evaluated = evaluate(
-            checkpoints + (list(TRIVIAL_POLICIES) if first else []),
-            prepared,
-            config.rollout_settings(HELDOUT_ROLLOUTS, seed=seed),  # the checkpoints' rollouts pair up
-            funcs,
-            serve_dir=run / "eval-serve",
-            max_tokens=config.max_completion_length or 256,
-            temperature=config.temperature,
-            top_p=config.top_p,
-            serve_args=[*shlex.split(script.serve_args), "--seed", str(seed)],
-        )
-        labels = LABELS[-len(checkpoints) :] + (TRIVIAL_POLICIES if first else ())
+        models = [base, str(warm), str(run / "grpo")] if first else [str(warm), str(run / "grpo")]
+        checkpoints = models + (list(TRIVIAL_POLICIES) if first else [])
+        cache = run / "heldout" / "results.pkl"
+        tasks = [t.task.instance_id for t in prepared]
+        kept = kept_evaluation(cache, checkpoints, tasks)
+        if kept:
+            evaluated, seconds = kept
+            kept_s += seconds
+            print(f"[bench] seed {seed}: held-out evaluation kept from {cache}", flush=True)
+        else:
+            t1 = time.monotonic()
+            evaluated = evaluate(
+                checkpoints,
+                prepared,
+                config.rollout_settings(HELDOUT_ROLLOUTS, seed=seed),  # the checkpoints' rollouts pair up
+                funcs,
+                serve_dir=run / "eval-serve",
+                max_tokens=config.max_completion_length or 256,
+                temperature=config.temperature,
+                top_p=config.top_p,
+                serve_args=[*shlex.split(script.serve_args), "--seed", str(seed)],
+            )
+            seconds = time.monotonic() - t1
+        labels = LABELS[-len(models) :] + (TRIVIAL_POLICIES if first else ())
         for label, result in zip(labels, evaluated, strict=True):
             result.label = label
             result.summary = summarise(result.batch, result.rewards, weights)
-        write_results(evaluated, run / "heldout", weights=weights)
+        if not kept:
+            write_results(evaluated, run / "heldout", weights=weights)
+            saved = {"checkpoints": checkpoints, "tasks": tasks, "results": evaluated, "seconds": seconds}
+            cache.write_bytes(pickle.dumps(saved))
         results[seed] = {r.label: r for r in evaluated}
         if not first:
             results[seed]["base"] = results[SEEDS[0]]["base"]
         print(f"[bench] seed {seed}: held-out evaluation in {run / 'heldout'}", flush=True)
-    report(results, updates, out, (time.monotonic() - started) / 60, weights, task_files(rl_tasks), config.agent)
+    minutes = (time.monotonic() - started + kept_s) / 60
+    report(results, updates, out, minutes, weights, task_files(rl_tasks), config.agent)
 
 
 def other_kind_rows(sources: Sequence[str], script: Any, per_source: int | None = None) -> list[dict]:

@@ -137,6 +137,31 @@ def test_a_seeds_finished_grpo_run_is_kept_on_a_rerun(tmp_path, monkeypatch, cap
     assert len(ran) == 1 and "--output_dir" in ran[0]
 
 
+def test_a_seeds_held_out_evaluation_is_kept_on_a_rerun_only_for_the_same_checkpoints_and_tasks(tmp_path, capsys):
+    """The evaluation's results (real ``CheckpointResult``s, pickled) come back with the seconds they took; other
+    checkpoints, other tasks or a file this code cannot load are evaluated again."""
+    from aitlrt.evaluation.checkpoints import CheckpointResult
+    from aitlrt.rollout.batch import Batch
+    from aitlrt.rollout.runner import RolloutOutcome
+    from aitlrt.tasks.task import task_from_row
+
+    learning = bench_module("learning")
+    task = task_from_row({"instance_id": "t1", "problem_statement": "fix f", "repo_path": str(tmp_path)})
+    outcome = RolloutOutcome("r0", "t1", "ok", "", "diff", 1, 0, 2, "", trace=[])
+    result = CheckpointResult("warm start", Batch([task], [outcome], [7]), {"tests_pass": [1.0]}, {})
+    path = tmp_path / "results.pkl"
+    assert learning.kept_evaluation(path, ["w", "g"], ["t1"]) is None
+    saved = {"checkpoints": ["w", "g"], "tasks": ["t1"], "results": [result], "seconds": 812.5}
+    path.write_bytes(learning.pickle.dumps(saved))
+    (kept,), seconds = learning.kept_evaluation(path, ["w", "g"], ["t1"])
+    assert seconds == 812.5 and kept.batch.outcomes[0].patch == "diff" and kept.batch.tasks[0].instance_id == "t1"
+    assert learning.kept_evaluation(path, ["w", "g2"], ["t1"]) is None
+    assert learning.kept_evaluation(path, ["w", "g"], ["t1", "t2"]) is None
+    path.write_bytes(b"not a pickle")
+    assert learning.kept_evaluation(path, ["w", "g"], ["t1"]) is None
+    assert "evaluating again" in capsys.readouterr().out
+
+
 def test_a_results_row_keeps_the_config_and_agent_the_bench_named(tmp_path, capsys):
     results = bench_module("results")
     path = tmp_path / "results.jsonl"
