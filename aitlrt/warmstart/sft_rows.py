@@ -5,13 +5,15 @@ and field, not met as a tokenizer error minutes into a run."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
-ChatRow = dict[str, list[dict[str, str]]]
-"""``{"prompt": messages, "completion": [the assistant's answer]}``, each message ``{"role", "content"}``."""
+ChatRow = dict[str, Any]
+"""``{"prompt": messages, "completion": [the assistant's answer], "rollout_id": str | None, "call_index": int |
+None}``, each message ``{"role", "content"}``; the rollout and call say which rows are one conversation's calls
+(``merge_rollout_calls``)."""
 
 
 class SftDataError(ValueError):
@@ -28,13 +30,15 @@ class Message(BaseModel):
 
 
 class SftRow(BaseModel):
-    """One model call: what the agent sent and the answer to train on. Other columns (``instance_id``,
-    ``rollout_id``, ``reward``, ``teacher``, ...) are the writer's bookkeeping and are dropped."""
+    """One model call: what the agent sent and the answer to train on, and which rollout's call it is (optional).
+    Other columns (``instance_id``, ``reward``, ``teacher``, ...) are the writer's bookkeeping and are dropped."""
 
     model_config = ConfigDict(extra="ignore")
 
     prompt: list[Message] = Field(min_length=1)
     completion: list[Message]
+    rollout_id: str | None = None
+    call_index: int | None = None
 
     @field_validator("completion")
     @classmethod
@@ -44,8 +48,8 @@ class SftRow(BaseModel):
         return completion
 
     def chat(self) -> ChatRow:
-        """The row as trl's ``SFTTrainer`` takes it."""
-        return self.model_dump(include={"prompt", "completion"})
+        """The row as trl's ``SFTTrainer`` takes it, with its rollout and call."""
+        return self.model_dump(include={"prompt", "completion", "rollout_id", "call_index"})
 
 
 def _field(loc: tuple[int | str, ...]) -> str:

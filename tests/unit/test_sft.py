@@ -18,6 +18,7 @@ from aitlrt.warmstart.sft import (
     SftScriptArguments,
     WarmStartSFTConfig,
     fitting_rows,
+    fold_rollout_calls,
     load_sft_rows,
     row_tokens,
     run_sft,
@@ -104,11 +105,12 @@ def test_longer_rows_are_dropped_and_counted_and_the_rest_keep_their_completion(
         fitting_rows(rows, tokenizer, limit - 1)
 
 
-def test_rows_keep_role_and_content_only(tmp_path):
+def test_rows_keep_role_and_content_only_and_their_rollout_and_call(tmp_path):
     row = line()
     row["prompt"][0]["name"] = "aider"
     (loaded,) = load_sft_rows(write(tmp_path / "t.jsonl", row, "  "))
-    assert set(loaded) == {"prompt", "completion"}
+    assert set(loaded) == {"prompt", "completion", "rollout_id", "call_index"}
+    assert (loaded["rollout_id"], loaded["call_index"]) == ("r-0", 0)
     assert loaded["prompt"][0] == {"role": "system", "content": SYSTEM}
     assert loaded["completion"] == [{"role": "assistant", "content": ANSWER}]
 
@@ -357,3 +359,66 @@ def test_the_warm_start_loads_the_model_at_the_runs_revision(tmp_path, monkeypat
         ["--model_revision", "v2", "--trust_remote_code", "--num_train_epochs", "1"],
     ]  # the second call was the cached first one (main is the default revision)
     assert plain == pinned != other
+
+
+def shell_calls(rollout: str, answers: list[str], rewrite_at: int | None = None) -> list[dict]:
+    """A shell agent's calls as `aitlrt trajectories` writes them: each prompt is the previous call's prompt, its
+    answer and the command's output (``rewrite_at``: that call's history drops the answer before it)."""
+    history = [{"role": "system", "content": "You run one shell command per answer."},
+               {"role": "user", "content": "Fix triple in mathy.py; its tests fail."}]  # fmt: skip
+    rows = []
+    for k, answer in enumerate(answers):
+        prompt = list(history)
+        if k == rewrite_at:
+            prompt = prompt[:-2] + prompt[-1:]
+        rows.append({"prompt": prompt, "completion": [{"role": "assistant", "content": answer}],
+                     "rollout_id": rollout, "call_index": k})  # fmt: skip
+        history += [{"role": "assistant", "content": answer}, {"role": "user", "content": f"output {k}: 0 lines"}]
+    return rows
+
+
+def test_folded_calls_keep_their_labels_and_a_rewritten_history_or_a_row_without_a_rollout_stays_apart():
+    a0 = {"input_ids": [1, 2, 3, 4], "labels": [-100, -100, 3, -100], "rollout_id": "a", "call_index": 0}
+    a1 = {"input_ids": [1, 2, 3, 4, 5, 6], "labels": [-100] * 5 + [6], "rollout_id": "a", "call_index": 1}
+    b0 = {"input_ids": [7, 8], "labels": [-100, 8], "rollout_id": "b", "call_index": 0}
+    b1 = {"input_ids": [7, 9, 10], "labels": [-100, -100, 10], "rollout_id": "b", "call_index": 1}  # rewritten
+    lone = {"input_ids": [1, 2, 3, 4], "labels": [-100, 2, -100, -100], "rollout_id": None, "call_index": None}
+    rows, folded = fold_rollout_calls([a1, b0, lone, a0, b1, dict(lone)])
+    assert folded == 1
+    assert [r["labels"] for r in rows] == [[-100, -100, 3, -100, -100, 6], b0["labels"], b1["labels"],
+                                           lone["labels"], lone["labels"]]  # fmt: skip
+    assert rows[0]["input_ids"] == a1["input_ids"]
+
+
+def test_merged_rollout_calls_train_every_answer_in_its_own_context_on_fewer_tokens(tokenizer, tmp_path):
+    """The folded row labels exactly the tokens the per-call rows label, and the model predicts each from the same
+    tokens before it (same logprobs: same loss and gradient per token), while the rollout's prompt runs once."""
+    answers = ["THOUGHT: list.\n```bash\nls\n```", "THOUGHT: fix.\n```bash\nsed -i s/+/*/ mathy.py\n```",
+               "```bash\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```"]  # fmt: skip
+    rows = shell_calls("r-0", answers) + shell_calls("r-1", answers[:2], rewrite_at=1)
+    path = write(tmp_path / "t.jsonl", *rows)
+    model = tiny_llama(len(tokenizer), 4096).eval()
+    datasets = {}
+    for merge in (False, True):
+        config = WarmStartSFTConfig(output_dir=str(tmp_path), merge_rollout_calls=merge, report_to="none")
+        datasets[merge] = sft_trainer(load_sft_rows(path), model, tokenizer, config).train_dataset
+    separate, merged = datasets[False], datasets[True]
+    assert len(separate) == 5 and len(merged) == 3  # r-0's 3 calls fold into one row; r-1's rewrite stays apart
+    assert "rollout_id" not in merged.column_names and "rollout_id" not in separate.column_names
+
+    def trained(row) -> dict[int, tuple[int, float]]:
+        """Each labelled position's token and the model's logprob of it."""
+        ids = torch.tensor([row["input_ids"]])
+        with torch.no_grad():
+            logps = torch.log_softmax(model(ids).logits[0, :-1].float(), dim=-1)
+        return {p: (t, float(logps[p - 1, t])) for p, t in enumerate(row["labels"]) if t != -100}
+
+    per_call: dict[int, tuple[int, float]] = {}
+    for row in list(separate)[:3]:
+        per_call.update(trained(row))
+    folded = trained(merged[0])
+    assert folded.keys() == per_call.keys() and len(folded) > 3 * 10
+    for position, (token, logp) in per_call.items():
+        assert folded[position][0] == token and folded[position][1] == pytest.approx(logp, abs=1e-4)
+    assert [r["input_ids"] for r in list(merged)[1:]] == [r["input_ids"] for r in list(separate)[3:]]
+    assert sum(len(r["input_ids"]) for r in list(separate)[:3]) > 2 * len(merged[0]["input_ids"])
