@@ -216,6 +216,11 @@ def sft_trainer(
             "aitlrt sft trains on the applied answer only (completion_only_loss): the prompt holds the agent's "
             "few-shot and earlier assistant turns, which assistant_only_loss or a full-sequence loss would train on"
         )
+    if getattr(config, "merge_rollout_calls", False) and config.packing:
+        raise ValueError(
+            "merge_rollout_calls folds a rollout's calls into one row after trl tokenizes them, and packing has "
+            "concatenated the rows by then: use one of them (merging runs a rollout's prompt once; packing does not)"
+        )
     trainer = CompletionHeadSFTTrainer(
         model=model,
         args=config,

@@ -81,6 +81,13 @@ def test_loss_only_on_the_assistant_answer_and_its_end_of_turn(tokenizer, tmp_pa
     assert ids.count(tokenizer.convert_tokens_to_ids("<|im_end|>")) == 5  # 4 prompt turns + the answer's
 
 
+def test_merging_calls_with_packing_is_refused(tokenizer, tmp_path):
+    rows = load_sft_rows(write(tmp_path / "t.jsonl", line()))
+    config = WarmStartSFTConfig(output_dir=str(tmp_path), merge_rollout_calls=True, packing=True)
+    with pytest.raises(ValueError, match=r"merge_rollout_calls .* packing"):
+        sft_trainer(rows, tiny_llama(len(tokenizer), 4096), tokenizer, config)
+
+
 @pytest.mark.parametrize("setting", [{"assistant_only_loss": True}, {"completion_only_loss": False}])
 def test_settings_that_would_train_on_the_prompt_are_refused(tokenizer, tmp_path, setting):
     rows = load_sft_rows(write(tmp_path / "t.jsonl", line()))
