@@ -29,6 +29,7 @@ AIDER = ROOT / "configs" / "cpu_demo.yaml"
 DIFFERENT = {  # the keys whose values differ from cpu_demo.yaml's, each commented in the config with why
     "agent",
     "rollout_max_calls",
+    "gradient_checkpointing",
     "test_feedback_rounds",
     "max_completion_length",
     "serve_args",
