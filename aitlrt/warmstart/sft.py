@@ -216,7 +216,8 @@ def sft_trainer(
             "aitlrt sft trains on the applied answer only (completion_only_loss): the prompt holds the agent's "
             "few-shot and earlier assistant turns, which assistant_only_loss or a full-sequence loss would train on"
         )
-    if getattr(config, "merge_rollout_calls", False) and config.packing:
+    merge = bool(getattr(config, "merge_rollout_calls", False))  # WarmStartSFTConfig's; a plain SFTConfig: off
+    if merge and config.packing:
         raise ValueError(
             "merge_rollout_calls folds a rollout's calls into one row after trl tokenizes them, and packing has "
             "concatenated the rows by then: use one of them (merging runs a rollout's prompt once; packing does not)"
@@ -231,7 +232,7 @@ def sft_trainer(
     stops = stop_token_ids(tokenizer, model)
     dataset = cast("Dataset", trainer.train_dataset)
     dataset = dataset.map(lambda row: {"labels": end_at_stop_token(row["labels"], stops)})
-    if getattr(config, "merge_rollout_calls", False):
+    if merge:
         merged, folded = fold_rollout_calls(dataset.to_list())
         log.info("merge_rollout_calls: %d calls folded into their rollout's next call: %d rows", folded, len(merged))
         dataset = Dataset.from_list(merged)
@@ -325,6 +326,7 @@ def train_sft(script: SftScriptArguments, config: WarmStartSFTConfig, model_args
     use_step_table(trainer, SFT_COLUMNS, key="loss")  # one progress display: the table apart from the bar
     trainer.add_callback(MetricsLog(out_dir / METRICS_FILE))
     lora = peft_config is not None
+    trained_rows = len(cast("Dataset", trainer.train_dataset))
     log.info(
         "fine-tuning %s (%s) on %d rows of %s",
         model_path,
@@ -333,7 +335,7 @@ def train_sft(script: SftScriptArguments, config: WarmStartSFTConfig, model_args
         else f"the layers above the lowest {config.freeze_layers}"
         if config.freeze_layers
         else "all weights",
-        len(cast("Dataset", trainer.train_dataset)),
+        trained_rows,
         script.data,
     )
     output = trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
@@ -346,7 +348,7 @@ def train_sft(script: SftScriptArguments, config: WarmStartSFTConfig, model_args
     _save_full_model(trainer, tokenizer, out_dir, base_config)
     result = SftResult(
         output_dir=out_dir,
-        rows=len(cast("Dataset", trainer.train_dataset)),
+        rows=trained_rows,
         dropped_too_long=dropped,
         steps=trainer.state.global_step,
         losses=losses,
