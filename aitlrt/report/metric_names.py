@@ -100,6 +100,11 @@ TIME_AGENT_OUTSIDE_CALLS = seconds("agent_outside_calls")
 STAGES = (TIME_ROLLOUTS, TIME_REWARDS, TIME_ROWS, TIME_UPDATE, TIME_SYNC)
 """The parts of a step's wall time, in order."""
 
+# ---- memory --------------------------------------------------------------------------------------------------
+MEMORY_PEAK = "memory/peak_gib"
+"""The trainer process's peak memory in the optimizer step, GiB (``aitlrt.common.memory``: the CUDA allocator's
+reserved memory on a GPU, the process's resident memory on CPU); its rollouts' agents and the server not counted."""
+
 # ---- the log file --------------------------------------------------------------------------------------------
 STEP = "step"
 """The global step of a ``metrics.jsonl`` entry."""

@@ -45,6 +45,7 @@ COLUMNS: tuple[Column, ...] = (
     ("upd s", m.TIME_UPDATE, "{:>6.1f}"),
     ("sync s", m.TIME_SYNC, "{:>6.1f}"),
     ("step s", m.TIME_STEP, "{:>6.1f}"),
+    ("mem GiB", m.MEMORY_PEAK, "{:>7.1f}"),
     ("wv", m.WEIGHT_VERSION, "{:>3.0f}"),
 )
 """The GRPO run's table (a row per log that has ``reward``)."""

@@ -189,7 +189,10 @@ def generate_tasks(
                 f2p = [t for t in passing if statuses.get(t) != PASSED]
                 p2p = [t for t in passing if statuses.get(t) == PASSED]
                 row = _row(source, name, version, path, mutation, bug, fix, f2p, p2p, env)
-                gold = grade(task_from_row(row), fix, timeout) if f2p and p2p and not timed_out else None
+                with lock:
+                    wanted = report.kept < max_tasks  # another worker may have kept the last task meanwhile
+                keepable = wanted and f2p and p2p and not timed_out
+                gold = grade(task_from_row(row), fix, timeout) if keepable else None
                 with lock:
                     if timed_out:
                         report.timeouts += 1

@@ -41,6 +41,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
 from aitlrt.common.lm_head import scored_positions_only
+from aitlrt.common.memory import peak_memory_gib, reset_peak_memory
 from aitlrt.common.shared_prefix import shared_prefix_forward, use_shared_prefix
 from aitlrt.report import metric_names as m
 from aitlrt.rewards.inputs import guarded
@@ -392,6 +393,8 @@ class AgentGRPOTrainer(GRPOTrainer):
         either (``_skip_optimizer_step``). The model is put in training mode first, as the Trainer's own step does,
         so that the generation it runs is a training one at a run's first micro-step and after an evaluation."""
         started, before, ctx = time.monotonic(), self.ctx.generation_s, self.ctx
+        if ctx.step_s == 0.0:  # the optimizer step's first micro-step
+            reset_peak_memory(self.args.device)
         model.train()
         ctx.prepared = self._prepare_inputs(inputs)  # generates (and sets skip_update) at a generation step
         if ctx.skip_update:
@@ -405,6 +408,7 @@ class AgentGRPOTrainer(GRPOTrainer):
         ctx.step_s += time.monotonic() - started
         if self._step % self.current_gradient_accumulation_steps == 0:  # the optimizer step's last micro-step
             self._metrics["train"][m.TIME_STEP].append(ctx.step_s)
+            self._metrics["train"][m.MEMORY_PEAK].append(peak_memory_gib(self.args.device))
             ctx.step_s = 0.0
             if ctx.updated:
                 self.server.updates += 1

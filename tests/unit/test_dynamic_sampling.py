@@ -9,9 +9,11 @@ import itertools
 import pytest
 import torch
 
+from aitlrt.report.metric_names import MEMORY_PEAK
 from aitlrt.rollout.runner import RolloutOutcome
 from aitlrt.training.collector import informative_groups
 from tests.helpers.multirank_run import tiny_trainer
+from tests.unit.test_memory import resident_gib
 
 
 def call(i: int, completion: tuple[int, ...] = (5, 6)) -> dict:
@@ -131,6 +133,9 @@ def test_an_informative_step_runs_the_update(tmp_path):
     assert not trainer.ctx.skip_update and trainer.server.weights_changed
     # On-policy, GRPO's loss value of two equally long rollouts of advantages +a and -a is 0: the gradient is not.
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in trainer.model.parameters())
+    # the step's peak memory is logged: at least what the process holds now (the reset was at the step's start)
+    peaks = trainer._metrics["train"][MEMORY_PEAK]
+    assert len(peaks) == 1 and peaks[0] >= resident_gib() - 0.01
 
 
 def test_the_trainer_draws_tasks_and_extra_rounds_by_the_difficulty_sidecar(tmp_path):

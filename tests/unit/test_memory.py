@@ -1,0 +1,29 @@
+"""The peak memory of a stretch of work on CPU (``aitlrt.common.memory``): it rises with a real allocation and a
+reset starts it again from the process's resident memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from aitlrt.common.memory import peak_memory_gib, reset_peak_memory
+
+CPU = torch.device("cpu")
+
+
+def resident_gib() -> float:
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmRSS:"))
+    return int(line.split()[1]) / 2**20
+
+
+def test_the_peak_holds_a_freed_allocation_until_a_reset():
+    reset_peak_memory(CPU)
+    before = peak_memory_gib(CPU)
+    block = torch.ones(2**27)  # 0.5 GiB, touched
+    block.add_(1)
+    del block
+    held = peak_memory_gib(CPU)
+    assert held >= before + 0.45
+    reset_peak_memory(CPU)
+    assert resident_gib() - 0.01 <= peak_memory_gib(CPU) < held - 0.4
