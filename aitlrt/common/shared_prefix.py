@@ -3,9 +3,12 @@ tokens, an answer ~100), so a micro-batch of one group's rows runs the backbone 
 row's remaining tokens attending to the prompt's keys and values. The hidden states, logprobs and gradients are the
 plain forward's (the prefix's keys and values keep their graph: the backward goes through them once).
 
-Decoder-only models with transformers' ``DynamicCache`` (Llama, Qwen2, SmolLM2, ...). Not with gradient
-checkpointing (recomputing a layer would append to the cache again) nor with sharded parameters (ZeRO-3, FSDP: every
-rank must run the same number of forwards, and a prefix makes that number depend on the rows).
+Decoder-only models with transformers' ``DynamicCache`` (Llama, Qwen2, SmolLM2, ...). The caches never change once
+made (the prefix's records each layer's keys and values, overwriting; a row's returns the prefix's with its own
+appended), so a layer recomputed by gradient checkpointing sees what its forward saw: with checkpointing only where
+it is non-reentrant (a reentrant recompute runs the forward without a graph, so the prefix's keys and values would
+get no gradient from the rows). Not with sharded parameters (ZeRO-3, FSDP: every rank must run the same number of
+forwards, and a prefix makes that number depend on the rows).
 """
 
 from __future__ import annotations
@@ -83,10 +86,36 @@ def supports_shared_prefix(model: nn.Module) -> str | None:
     if backbone is model:
         return "the model exposes no separate backbone (base_model)"
     if getattr(backbone, "is_gradient_checkpointing", False) or getattr(model, "is_gradient_checkpointing", False):
-        return "gradient checkpointing is on (a recomputed layer would append to the cache again)"
+        why = _checkpointing_blocks(backbone)
+        if why:
+            return why
     if getattr(model.config, "is_encoder_decoder", False):
         return "an encoder-decoder model"
     return None
+
+
+def _checkpointing_blocks(backbone: nn.Module) -> str | None:
+    """Why ``backbone``'s gradient checkpointing rules a shared prefix out (None: its layers keep the caches and
+    recompute with a graph)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    if not hasattr(GradientCheckpointingLayer, "_can_checkpoint_with_cache"):
+        return "gradient checkpointing is on and this transformers drops a checkpointed layer's cache"
+    for layer in _checkpointed_layers(backbone):
+        func = getattr(layer, "_gradient_checkpointing_func", None)
+        if getattr(func, "keywords", {}).get("use_reentrant", True):
+            return (
+                "gradient checkpointing is reentrant (gradient_checkpointing_kwargs use_reentrant: true): its "
+                "recompute has no graph, so the prefix's keys and values would get no gradient from the rows"
+            )
+    return None
+
+
+def _checkpointed_layers(backbone: nn.Module) -> list[nn.Module]:
+    """``backbone``'s layers that gradient checkpointing recomputes."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return [m for m in backbone.modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
 
 
 def use_shared_prefix(asked: bool, model: nn.Module, blocked: str | None = None) -> bool:
@@ -111,24 +140,50 @@ def shared_prefix_forward(model: nn.Module) -> Iterator[None]:
     backbone = getattr(model, "base_model", model)
     original = backbone.forward
     own = backbone.__dict__.get("forward")  # an instance-level forward (accelerate's hooks) comes back as it was
+    config = cast("PretrainedConfig", backbone.config)
 
-    def new_cache() -> Any:
-        return DynamicCache(config=cast("PretrainedConfig", backbone.config))
+    class PrefixCache(DynamicCache):
+        """Records each layer's keys and values of the prefix (a recompute overwrites them with the same)."""
+
+        def __init__(self) -> None:
+            super().__init__(config=config)
+            self.kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *_: Any, **__: Any):
+            self.kv[layer_idx] = (key_states, value_states)
+            return key_states, value_states
+
+    class RowCache(DynamicCache):
+        """The prefix's keys and values, read-only: a layer gets them with its own appended, and nothing is kept."""
+
+        def __init__(self, kv: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
+            super().__init__(config=config)
+            for index in sorted(kv):
+                DynamicCache.update(self, *kv[index], index)
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *_: Any, **__: Any):
+            layer = self.layers[layer_idx]
+            return torch.cat([layer.keys, key_states], dim=-2), torch.cat([layer.values, value_states], dim=-2)
 
     def forward(
         input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None, **kwargs: Any
     ) -> Any:
         hidden = None
         if input_ids is not None and not any(v is not None and k != "use_cache" for k, v in kwargs.items()):
-            hidden = _forward_shared(original, new_cache, input_ids, attention_mask)
+            hidden = _forward_shared(original, PrefixCache, RowCache, input_ids, attention_mask)
         if hidden is None:
             return original(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         return BaseModelOutputWithPast(last_hidden_state=cast(torch.FloatTensor, hidden))
 
+    checkpointed = _checkpointed_layers(backbone)
     backbone.forward = forward
+    for layer in checkpointed:  # the caches never change: a recomputed layer reads what its forward read
+        layer._can_checkpoint_with_cache = True
     try:
         yield
     finally:
+        for layer in checkpointed:
+            del layer._can_checkpoint_with_cache
         if own is None:
             del backbone.forward
         else:
@@ -136,7 +191,11 @@ def shared_prefix_forward(model: nn.Module) -> Iterator[None]:
 
 
 def _forward_shared(
-    original: Callable[..., Any], new_cache: Callable[[], Any], input_ids: torch.Tensor, mask: torch.Tensor | None
+    original: Callable[..., Any],
+    prefix_cache: Callable[[], Any],
+    row_cache: Callable[[Any], Any],
+    input_ids: torch.Tensor,
+    mask: torch.Tensor | None,
 ) -> torch.Tensor | None:
     """The backbone's last hidden states of ``input_ids`` with the rows' common prefix forwarded once (zero on
     padding); None where that does not apply (one row, rows not contiguous, a prefix under ``MIN_SHARED_TOKENS``)."""
@@ -147,13 +206,11 @@ def _forward_shared(
     shared = min(common_prefix_len([row.tolist() for row in rows]), min(map(len, rows)) - 1)
     if shared < MIN_SHARED_TOKENS:
         return None
-    prefix = original(input_ids=rows[0][None, :shared], past_key_values=new_cache(), use_cache=True)
-    kv = [(layer.keys, layer.values) for layer in prefix.past_key_values.layers]
+    recorded = prefix_cache()
+    prefix = original(input_ids=rows[0][None, :shared], past_key_values=recorded, use_cache=True)
     hidden = []
     for row, (start, end) in zip(rows, spans, strict=True):
-        cache = new_cache()
-        for index, (keys, values) in enumerate(kv):
-            cache.update(keys, values, index)
+        cache = row_cache(recorded.kv)
         rest = original(input_ids=row[None, shared:], past_key_values=cache, use_cache=True).last_hidden_state
         states = torch.cat([prefix.last_hidden_state[0], rest[0]])
         hidden.append(nn.functional.pad(states, (0, 0, start, input_ids.size(1) - end)))

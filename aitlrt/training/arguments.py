@@ -205,7 +205,8 @@ class StepArguments:
             "help": "forward a micro-batch's common token prefix once (the rows of a group share their prompt): "
             "micro-batches of rows in token order, the prompt's keys and values reused by each row's rest "
             "(aitlrt/common/shared_prefix.py); same logprobs and gradients, ~2.4x faster on CPU for 4 rows of a "
-            "2.6k-token prompt (bench/step.py). Off, with a log line, under gradient checkpointing, ZeRO-3 or FSDP"
+            "2.6k-token prompt (bench/step.py); also under gradient checkpointing (non-reentrant, transformers' "
+            "default). Off, with a log line, under reentrant checkpointing, ZeRO-3 or FSDP"
         },
     )
     max_staleness: Literal[0, 1] = field(

@@ -107,15 +107,31 @@ def test_a_shared_prefix_gives_the_plain_loss_gradients_and_metrics(trainer, los
             assert shared[2][key] == pytest.approx(plain[2][key], rel=1e-4, abs=1e-6), key
 
 
-def test_shared_prefix_is_off_under_gradient_checkpointing(trainer, layer_calls, caplog):
-    trainer.model.gradient_checkpointing_enable()
+def test_under_gradient_checkpointing_a_shared_prefix_gives_the_plain_loss_and_gradients(trainer, layer_calls):
+    trainer.model.gradient_checkpointing_enable()  # transformers' default: non-reentrant
+    try:
+        plain = run(trainer, False, None, layer_calls)
+        shared = run(trainer, True, 80, layer_calls)
+        assert trainer._shares_prefix is True
+        assert {25, 30} <= set(layer_calls)  # each group's prompt forwarded on its own (and recomputed)
+        assert max(layer_calls) == 30  # no row whole
+        assert shared[0] == pytest.approx(plain[0], rel=1e-5, abs=1e-7) and plain[0] != 0.0
+        assert len(plain[1]) == len(shared[1]) > 0
+        for x, y in zip(plain[1], shared[1], strict=True):
+            torch.testing.assert_close(y, x, rtol=1e-4, atol=1e-6)
+    finally:
+        trainer.model.gradient_checkpointing_disable()
+    assert not any("_can_checkpoint_with_cache" in vars(m) for m in trainer.model.modules())  # put back
+
+
+def test_shared_prefix_is_off_under_reentrant_gradient_checkpointing(trainer, layer_calls, caplog):
+    trainer.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
     try:
         with caplog.at_level("INFO", logger="aitlrt.common.shared_prefix"):
             run(trainer, True, 80, layer_calls)
         assert trainer._shares_prefix is False
-        assert [r.getMessage() for r in caplog.records if "shared_prefix off" in r.getMessage()] == [
-            "shared_prefix off: gradient checkpointing is on (a recomputed layer would append to the cache again)"
-        ]  # once, however many forwards
+        said = [r.getMessage() for r in caplog.records if "shared_prefix off" in r.getMessage()]
+        assert len(said) == 1 and "reentrant" in said[0]  # once, however many forwards
         rows = grouped_rows()[0]
         assert set(layer_calls) == {len(r.prompt_ids) + len(r.completion_ids) for r in rows}  # no prefix alone:
         # on CPU every row has its own pass without a shared prefix (CPU_MIN_SHARED)
