@@ -158,12 +158,13 @@ def shared_prefix_forward(model: nn.Module) -> Iterator[None]:
 
         def __init__(self, kv: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
             super().__init__(config=config)
-            for index in sorted(kv):
+            for index in sorted(kv):  # held as a plain cache's too: its length and mask sizes are the prefix's
                 DynamicCache.update(self, *kv[index], index)
+            self.kv = kv
 
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *_: Any, **__: Any):
-            layer = self.layers[layer_idx]
-            return torch.cat([layer.keys, key_states], dim=-2), torch.cat([layer.values, value_states], dim=-2)
+            keys, values = self.kv[layer_idx]
+            return torch.cat([keys, key_states], dim=-2), torch.cat([values, value_states], dim=-2)
 
     def forward(
         input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None, **kwargs: Any
@@ -178,12 +179,12 @@ def shared_prefix_forward(model: nn.Module) -> Iterator[None]:
     checkpointed = _checkpointed_layers(backbone)
     backbone.forward = forward
     for layer in checkpointed:  # the caches never change: a recomputed layer reads what its forward read
-        layer._can_checkpoint_with_cache = True
+        vars(layer)["_can_checkpoint_with_cache"] = True
     try:
         yield
     finally:
         for layer in checkpointed:
-            del layer._can_checkpoint_with_cache
+            del vars(layer)["_can_checkpoint_with_cache"]
         if own is None:
             del backbone.forward
         else:
