@@ -1,4 +1,5 @@
-"""Live processes, read from ``/proc``: what the tests that check nothing is left behind look for."""
+"""Live processes and this process's resident memory, read from ``/proc``: what the tests that check nothing is left
+behind, and the memory tests, look for."""
 
 from __future__ import annotations
 
@@ -18,3 +19,9 @@ def processes(ppid: int | None = None, session: int | None = None, marker: str =
         if state != "Z" and marker in argv and int(parent if ppid is not None else sid) == (ppid or session):
             found.append(int(entry.name))
     return found
+
+
+def resident_gib() -> float:
+    """This process's resident memory now, in GiB."""
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmRSS:"))
+    return int(line.split()[1]) / 2**20

@@ -13,7 +13,7 @@ from aitlrt.report.metric_names import MEMORY_PEAK
 from aitlrt.rollout.runner import RolloutOutcome
 from aitlrt.training.collector import informative_groups
 from tests.helpers.multirank_run import tiny_trainer
-from tests.unit.test_memory import resident_gib
+from tests.helpers.processes import resident_gib
 
 
 def call(i: int, completion: tuple[int, ...] = (5, 6)) -> dict:

@@ -3,18 +3,12 @@ reset starts it again from the process's resident memory."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from aitlrt.common.memory import peak_memory_gib, reset_peak_memory
+from tests.helpers.processes import resident_gib
 
 CPU = torch.device("cpu")
-
-
-def resident_gib() -> float:
-    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmRSS:"))
-    return int(line.split()[1]) / 2**20
 
 
 def test_the_peak_holds_a_freed_allocation_until_a_reset():
