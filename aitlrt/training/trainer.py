@@ -41,7 +41,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
 from aitlrt.common.lm_head import scored_positions_only
-from aitlrt.common.memory import peak_memory_gib, reset_peak_memory
+from aitlrt.common.memory import peak_memory_gib, reset_peak_memory, unmap_freed_tensors
 from aitlrt.common.shared_prefix import shared_prefix_forward, use_shared_prefix
 from aitlrt.report import metric_names as m
 from aitlrt.rewards.inputs import guarded
@@ -90,6 +90,8 @@ class AgentGRPOTrainer(GRPOTrainer):
 
     def __init__(self, *args: Any, agent=None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if self.accelerator.device.type == "cpu":  # the update's freed activations leave the process
+            unmap_freed_tensors()
         self.server = ServerLink(self, self.args, self._tokenizer)
         agent = agent or make_agent(
             self.args.agent,

@@ -25,6 +25,7 @@ from accelerate.utils import is_peft_model
 from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser
 
 from aitlrt.common.lm_head import scored_positions_only
+from aitlrt.common.memory import unmap_freed_tensors
 from aitlrt.common.model import load_kwargs
 from aitlrt.common.resources import cpu_mixed_precision
 from aitlrt.common.shared_prefix import shared_prefix_forward, use_shared_prefix
@@ -229,6 +230,8 @@ def sft_trainer(
         processing_class=tokenizer,
         peft_config=peft_config,
     )
+    if trainer.accelerator.device.type == "cpu":  # the training's freed activations leave the process
+        unmap_freed_tensors()
     stops = stop_token_ids(tokenizer, model)
     dataset = cast("Dataset", trainer.train_dataset)
     dataset = dataset.map(lambda row: {"labels": end_at_stop_token(row["labels"], stops)})

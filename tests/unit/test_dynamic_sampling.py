@@ -5,6 +5,7 @@ with none informative the update is skipped (no forward, no backward, no weight 
 from __future__ import annotations
 
 import itertools
+import sys
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from aitlrt.report.metric_names import MEMORY_PEAK
 from aitlrt.rollout.runner import RolloutOutcome
 from aitlrt.training.collector import informative_groups
 from tests.helpers.multirank_run import tiny_trainer
-from tests.helpers.processes import resident_gib
+from tests.helpers.processes import held_after_freeing_gib, resident_gib
 
 
 def call(i: int, completion: tuple[int, ...] = (5, 6)) -> dict:
@@ -136,6 +137,8 @@ def test_an_informative_step_runs_the_update(tmp_path):
     # the step's peak memory is logged: at least what the process holds now (the reset was at the step's start)
     peaks = trainer._metrics["train"][MEMORY_PEAK]
     assert len(peaks) == 1 and peaks[0] >= resident_gib() - 0.01
+    if sys.platform.startswith("linux"):  # a CPU trainer fixes glibc's mmap threshold: freed tensors leave
+        assert held_after_freeing_gib() < 0.05
 
 
 def test_the_trainer_draws_tasks_and_extra_rounds_by_the_difficulty_sidecar(tmp_path):
