@@ -9,7 +9,7 @@ states: the trainer's LM head sees only the scored positions), with and without 
 OOM killer weighs) and the seconds of the forward/backward, the two allocators in alternating order.
 
 Run: ``python bench/memory.py`` (no arguments; ``--tokens 2048 4096``: the row lengths). No targets: the numbers
-are read in the notebook (docs/decisions/0038-cpu-mmap-threshold.md).
+are read in the notebook (docs/decisions/0022-cpu-mmap-threshold.md).
 """
 
 from __future__ import annotations
