@@ -116,6 +116,7 @@ def run(
         managed_serve_args,
         model_init_kwargs,
         refuse_unsupported_model_args,
+        training_weights,
     )
     from aitlrt.training.dataset import run_tasks
     from aitlrt.training.model_card import recipe_file, write_model_card
@@ -207,13 +208,12 @@ def run(
                     evaluations, out_dir, dict(zip(script.rewards, heldout_weights(script, config), strict=True))
                 )
             write_run_report(out_dir)  # logs its path
-            weights = config.reward_weights or [1.0] * len(script.rewards)
             write_model_card(
                 out_dir,
                 model_args.model_name_or_path or "bundled",
                 recipe=recipe_file(argv),
                 command=argv,
-                reward_weights=dict(zip(script.rewards, weights, strict=True)),
+                reward_weights=dict(zip(script.rewards, training_weights(script, config), strict=True)),
                 warm_start=model_path if script.warm_start != "none" else None,
                 heldout=table,
             )
@@ -228,16 +228,17 @@ def heldout_evaluation(
     policies instead (``aitlrt.evaluation.heldout.evaluate_trivial``), one rollout per task."""
     from aitlrt.evaluation.heldout import evaluate_served, evaluate_trivial, prepare_rows
     from aitlrt.evaluation.scoring import measure_funcs, reward_funcs
-    from aitlrt.training.config import heldout_weights
+    from aitlrt.training.config import heldout_weights, training_weights
 
     settings = config.rollout_settings(script.heldout_rollouts, seed=config.seed)  # before and after pair up
     weights = dict(zip(script.rewards, heldout_weights(script, config), strict=True))
+    training = dict(zip(script.rewards, training_weights(script, config), strict=True))
     funcs = {**reward_funcs(script.rewards), **measure_funcs()}
     if label == "trivial":
         log.info("held-out evaluation of the trivial policies: %d tasks, one rollout each", len(rows))
-        return evaluate_trivial(prepare_rows(rows), config.proxy_url, settings, funcs, weights)
+        return evaluate_trivial(prepare_rows(rows), config.proxy_url, settings, funcs, weights, training)
     log.info("held-out evaluation (%s training): %d tasks x %d rollouts", label, len(rows), settings.n)
-    return [evaluate_served(label, prepare_rows(rows), config.proxy_url, settings, funcs, weights)]
+    return [evaluate_served(label, prepare_rows(rows), config.proxy_url, settings, funcs, weights, training)]
 
 
 def finish_heldout(evaluations: list[CheckpointResult], out_dir: Path, weights: dict[str, float]) -> str:

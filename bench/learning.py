@@ -76,11 +76,13 @@ COLUMNS = (
     ("localis.", "localisation"),
     ("ch.simil", "changed_lines_similarity"),
     ("reward", "reward"),
+    ("train.rw", "training_reward"),
 )
 """The table's columns, resolve rate first (``aitlrt.evaluation.scoring.summarise``; ``2se``: two task-clustered
 standard errors of the resolve rate; ``pass@k``: k = the rollouts per task; ``P2P-kept``: the share of edits that
 keep every PASS_TO_PASS test; ``localis.``: the share of rollouts whose patch changes a line the oracle changes;
-``ch.simil``: similarity of the changed lines alone to the oracle's; ``reward``: the held-out weighted reward)."""
+``ch.simil``: similarity of the changed lines alone to the oracle's; ``reward``: the held-out weighted reward;
+``train.rw``: the reward the recipe's ``reward_weights`` pay, what GRPO reinforces)."""
 
 
 def write_rows(path: Path, rows: list[dict]) -> None:
@@ -165,21 +167,21 @@ def kept_seconds(path: Path) -> float:
     return float(path.read_text()) if path.exists() else 0.0
 
 
-def kept_evaluation(path: Path, checkpoints: Sequence[str], tasks: Sequence[str]) -> tuple[list, float] | None:
-    """A seed's held-out results and seconds saved by an earlier run into the same ``AITLRT_BENCH_OUT`` (``path``), if
-    they score the same ``checkpoints`` on the same ``tasks`` (instance ids, in order) and this code still loads them;
-    else None."""
+def kept_evaluation(path: Path, checkpoints: Sequence[str], tasks: Sequence[str]) -> tuple[dict[str, Any], float]:
+    """The results, by checkpoint, and seconds of a seed's held-out evaluation saved by an earlier run into the same
+    ``AITLRT_BENCH_OUT`` (``path``) that scored some of ``checkpoints`` on the same ``tasks`` (instance ids, in
+    order), if this code still loads them (a trivial policy added since is evaluated alone); else nothing."""
     if not path.exists():
-        return None
+        return {}, 0.0
     try:
         kept = pickle.loads(path.read_bytes())
     except Exception as exc:  # saved by other code: evaluated again
         print(f"[bench] {path} does not load ({exc!r}): evaluating again", flush=True)
-        return None
-    if kept["checkpoints"] != list(checkpoints) or kept["tasks"] != list(tasks):
+        return {}, 0.0
+    if kept["tasks"] != list(tasks) or not set(kept["checkpoints"]) <= set(checkpoints):
         print(f"[bench] {path} scored other checkpoints or tasks: evaluating again", flush=True)
-        return None
-    return kept["results"], kept["seconds"]
+        return {}, 0.0
+    return dict(zip(kept["checkpoints"], kept["results"], strict=True)), kept["seconds"]
 
 
 def main() -> None:
@@ -193,7 +195,7 @@ def main() -> None:
     from aitlrt.evaluation.heldout import prepare_rows
     from aitlrt.evaluation.scoring import measure_funcs, reward_funcs, summarise
     from aitlrt.tasks.split import split_heldout
-    from aitlrt.training.config import AgentGRPOConfig, AgentScriptArguments, heldout_weights
+    from aitlrt.training.config import AgentGRPOConfig, AgentScriptArguments, heldout_weights, training_weights
     from aitlrt.training.dataset import load_task_rows
 
     cli = argparse.ArgumentParser(description=__doc__.partition("\n\n")[0])
@@ -235,10 +237,12 @@ def main() -> None:
     base = resolve_model(model_args.model_name_or_path or "bundled")
     names = list(script.rewards)
     weights = dict(zip(names, heldout_weights(script, config), strict=True))
+    training = dict(zip(names, training_weights(script, config), strict=True))
     funcs = {**reward_funcs(names), **measure_funcs()}
     prepared = prepare_rows(heldout)
     if validating:
-        validate(validating, validation_seeds, out, train, base, prepared, funcs, weights, recipe, script, config)
+        validate(validating, validation_seeds, out, train, base, prepared, funcs, weights, training, recipe, script,
+                 config)  # fmt: skip
         return
     warm, rl_tasks = warm_and_rl(train, script.warm_start_share, out, base, script, config)
     results: dict[int, dict[str, Any]] = {}
@@ -256,15 +260,15 @@ def main() -> None:
         checkpoints = models + (list(TRIVIAL_POLICIES) if first else [])
         cache = run / "heldout" / "results.pkl"
         tasks = [t.task.instance_id for t in prepared]
-        kept = kept_evaluation(cache, checkpoints, tasks)
+        kept, seconds = kept_evaluation(cache, checkpoints, tasks)
+        kept_s += seconds
+        missing = [c for c in checkpoints if c not in kept]
         if kept:
-            evaluated, seconds = kept
-            kept_s += seconds
-            print(f"[bench] seed {seed}: held-out evaluation kept from {cache}", flush=True)
-        else:
+            print(f"[bench] seed {seed}: held-out evaluation of {len(kept)} checkpoints kept from {cache}", flush=True)
+        if missing:
             t1 = time.monotonic()
-            evaluated = evaluate(
-                checkpoints,
+            scored = evaluate(
+                missing,
                 prepared,
                 config.rollout_settings(HELDOUT_ROLLOUTS, seed=seed),  # the checkpoints' rollouts pair up
                 funcs,
@@ -274,12 +278,14 @@ def main() -> None:
                 top_p=config.top_p,
                 serve_args=[*shlex.split(script.serve_args), "--seed", str(seed)],
             )
-            seconds = time.monotonic() - t1
+            seconds += time.monotonic() - t1
+            kept |= dict(zip(missing, scored, strict=True))
+        evaluated = [kept[c] for c in checkpoints]
         labels = LABELS[-len(models) :] + (TRIVIAL_POLICIES if first else ())
         for label, result in zip(labels, evaluated, strict=True):
             result.label = label
-            result.summary = summarise(result.batch, result.rewards, weights)
-        if not kept:
+            result.summary = summarise(result.batch, result.rewards, weights, training)
+        if missing:
             write_results(evaluated, run / "heldout", weights=weights)
             saved = {"checkpoints": checkpoints, "tasks": tasks, "results": evaluated, "seconds": seconds}
             cache.write_bytes(pickle.dumps(saved))
@@ -419,6 +425,7 @@ def validate(
     prepared: Sequence[Any],
     funcs: dict[str, Any],
     weights: dict[str, float],
+    training: dict[str, float],
     recipe: Path,
     script: Any,
     config: Any,
@@ -469,7 +476,7 @@ def validate(
     summaries, by_label = {}, dict(zip([*checkpoints, *TRIVIAL_POLICIES], evaluated, strict=True))
     for label, result in by_label.items():
         result.label = label
-        result.summary = summaries[label] = summarise(result.batch, result.rewards, weights)
+        result.summary = summaries[label] = summarise(result.batch, result.rewards, weights, training)
     folder = out / time.strftime("validation-%Y%m%d-%H%M%S")  # a rerun in the same AITLRT_BENCH_OUT keeps earlier ones
     write_results(evaluated, folder, weights=weights)
     header = f"\n{'checkpoint':<52}" + "".join(f"{name:>9}" for name, _ in COLUMNS)

@@ -43,7 +43,8 @@ def add_parser(verbs: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--checkpoint",
         default="bundled",
         help="weights folder (or 'bundled'; with --proxy: 'served'), or a trivial policy (trivial:no-edit, "
-        "trivial:comment, trivial:whitespace, trivial:oracle: a scripted edit, one rollout per task)",
+        "trivial:comment, trivial:whitespace, trivial:reject-file, trivial:oracle: a scripted edit, one rollout per "
+        "task)",
     )
     p.add_argument("--compare", default=None, help="a second weights folder or trivial policy, evaluated the same way")
     p.add_argument(

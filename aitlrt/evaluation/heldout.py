@@ -26,6 +26,7 @@ SUMMARY_ROWS = (
     ("changed lines", "changed_lines_similarity"),  # a reward's mean, under its own name
     ("weighted reward", names.SUMMARY_REWARD),
     ("  its std error", names.SUMMARY_REWARD_SE),
+    ("training reward", names.SUMMARY_TRAINING_REWARD),  # the recipe's reward_weights: what GRPO pays each
     ("calls / rollout", names.SUMMARY_CALLS),
 )
 """The held-out table's rows, resolve rate first (``aitlrt.evaluation.scoring.summarise``)."""
@@ -43,13 +44,15 @@ def evaluate_served(
     settings: RolloutSettings,
     funcs: Mapping[str, RewardFunc],
     weights: Mapping[str, float],
+    training_weights: Mapping[str, float] | None = None,
     on_progress: Callable[[Progress], None] | None = None,
 ) -> CheckpointResult:
-    """Roll out the weights ``proxy`` serves now on ``prepared`` and score them; the summary has the edit rate and
-    the mean weighted reward (``aitlrt.evaluation.scoring.summarise``)."""
+    """Roll out the weights ``proxy`` serves now on ``prepared`` and score them; the summary has the edit rate, the
+    mean weighted reward and, with ``training_weights``, the training reward
+    (``aitlrt.evaluation.scoring.summarise``)."""
     result = evaluate([SERVED], prepared, settings, funcs, proxy=proxy, on_progress=on_progress)[0]
     result.label = label
-    result.summary = summarise(result.batch, result.rewards, weights)
+    result.summary = summarise(result.batch, result.rewards, weights, training_weights)
     return result
 
 
@@ -59,14 +62,15 @@ def evaluate_trivial(
     settings: RolloutSettings,
     funcs: Mapping[str, RewardFunc],
     weights: Mapping[str, float],
+    training_weights: Mapping[str, float] | None = None,
 ) -> list[CheckpointResult]:
-    """The trivial policies (``TRIVIAL_POLICIES``: no edit, a comment appended, a whitespace edit, the oracle) on
-    ``prepared`` through ``proxy``, scored and summarised as the policy is: what an agent that does not fix gets,
-    and the ceiling."""
+    """The trivial policies (``TRIVIAL_POLICIES``: no edit, a comment appended, a whitespace edit, a reject file,
+    the oracle) on ``prepared`` through ``proxy``, scored and summarised as the policy is: what an agent that does
+    not fix gets, and the ceiling."""
     results = evaluate(list(TRIVIAL_POLICIES), prepared, settings, funcs, proxy=proxy)
     for label, result in zip(TRIVIAL_POLICIES, results, strict=True):
         result.label = label
-        result.summary = summarise(result.batch, result.rewards, weights)
+        result.summary = summarise(result.batch, result.rewards, weights, training_weights)
     return results
 
 

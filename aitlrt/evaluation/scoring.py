@@ -38,18 +38,23 @@ def score_batch(funcs: Mapping[str, RewardFunc], batch: Batch) -> dict[str, list
 
 
 def summarise(
-    batch: Batch, rewards: Mapping[str, Sequence[float]], weights: Mapping[str, float] | None = None
+    batch: Batch,
+    rewards: Mapping[str, Sequence[float]],
+    weights: Mapping[str, float] | None = None,
+    training_weights: Mapping[str, float] | None = None,
 ) -> dict[str, float]:
     """What an evaluation table reads of a scored batch: the mean of each reward; from the ``MEASURES`` scored, the
     resolve rate (``resolve_rate``: ``tests_pass``'s mean; ``resolve_se``), ``pass@1`` and ``pass@k`` (``k``: the
     rollouts per task, ``pass_at_k``), the share of edits that keep every PASS_TO_PASS test (``p2p_kept_edits``, of
     the rollouts with a non-empty patch; NaN without one), the ``localisation`` (``localised``'s mean) and
-    ``changed_lines_similarity``; the edit rate (share of rollouts whose edit left a non-empty patch); with ``weights``
-    the mean weighted reward (``reward``, ``reward_se``); the mean calls and completion tokens per rollout, and the
-    share of ``ok`` rollouts. Standard errors are clustered by task (``clustered_se``: the rollouts of a task are not
-    independent draws): two checkpoints whose values differ by less than ~2x their errors combined cannot be told
-    apart. NaN values (a grade that failed on the grader's side, a reward function that raised) are left out of the
-    means (NaN when all are); a measure not scored is not reported."""
+    ``changed_lines_similarity``; the edit rate (share of rollouts whose edit left a non-empty patch); with
+    ``weights`` the mean weighted reward (``reward``, ``reward_se``); with ``training_weights`` (the recipe's
+    ``reward_weights``) the mean reward GRPO would have paid (``training_reward``: what shaping pays a trivial
+    policy); the mean calls and completion tokens per rollout, and the share of ``ok`` rollouts. Standard errors are
+    clustered by task (``clustered_se``: the rollouts of a task are not independent draws): two checkpoints whose
+    values differ by less than ~2x their errors combined cannot be told apart. NaN values (a grade that failed on
+    the grader's side, a reward function that raised) are left out of the means (NaN when all are); a measure not
+    scored is not reported."""
     tasks = [o.task_id for o in batch.outcomes]
     out = {name: _mean(values) for name, values in rewards.items()}
     out[names.SUMMARY_EDIT_RATE] = statistics.fmean(bool(o.patch.strip()) for o in batch.outcomes)
@@ -67,6 +72,8 @@ def summarise(
     if weights:
         per_rollout = weighted_rewards(rewards, weights)
         out |= {names.SUMMARY_REWARD: _mean(per_rollout), names.SUMMARY_REWARD_SE: clustered_se(per_rollout, tasks)}
+    if training_weights:
+        out[names.SUMMARY_TRAINING_REWARD] = _mean(weighted_rewards(rewards, training_weights))
     out[names.SUMMARY_CALLS] = statistics.fmean(o.calls for o in batch.outcomes)
     out[names.SUMMARY_COMPLETION_TOKENS] = statistics.fmean(o.completion_tokens for o in batch.outcomes)
     out[names.SUMMARY_STATUS_OK] = statistics.fmean(o.status == "ok" for o in batch.outcomes)

@@ -314,6 +314,11 @@ class AgentScriptArguments(TaskArguments, HeldoutArguments, WarmStartArguments):
             )
 
 
+def training_weights(script: AgentScriptArguments, config: AgentGRPOConfig) -> list[float]:
+    """The weights of the training reward: ``reward_weights``, else 1 each (trl's default)."""
+    return list(config.reward_weights or [1.0] * len(script.rewards))
+
+
 def heldout_weights(script: AgentScriptArguments, config: AgentGRPOConfig) -> list[float]:
     """The weights of the held-out evaluation's weighted reward: ``heldout_reward_weights``, else the training's."""
-    return list(script.heldout_reward_weights or config.reward_weights or [1.0] * len(script.rewards))
+    return list(script.heldout_reward_weights or training_weights(script, config))

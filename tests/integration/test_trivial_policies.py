@@ -1,5 +1,6 @@
-"""Trivial policies (no edit, an appended comment, a whitespace-only edit, the oracle's fix) scored by the scripted
-agent through a real aitlrt-serve + vLLM CPU server, the real rollout runner and the real grader on a real task."""
+"""Trivial policies (no edit, an appended comment, a whitespace-only edit, a patch(1) reject file beside the task's
+file, the oracle's fix) scored by the scripted agent through a real aitlrt-serve + vLLM CPU server, the real rollout
+runner and the real grader on a real task."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ def test_trivial_edits_append_on_a_line_of_their_own(make_repo, tmp_path):
         "trivial:no-edit": "def add(a, b):\n    return a - b",
         "trivial:comment": "def add(a, b):\n    return a - b\n# reviewed\n",
         "trivial:whitespace": "def add(a, b):\n    return a - b\n\n",
+        "trivial:reject-file": "def add(a, b):\n    return a - b",
         "trivial:oracle": "def add(a, b):\n    return a + b",
     }
     for policy, text in expected.items():
@@ -38,6 +40,9 @@ def test_trivial_edits_append_on_a_line_of_their_own(make_repo, tmp_path):
         (copy / "calc.py").write_text("def add(a, b):\n    return a - b")
         assert apply_patch(copy, trivial_edit(policy, task)) is None, policy
         assert (copy / "calc.py").read_text() == text, policy
+        assert (copy / "calc.py.rej").exists() == (policy == "trivial:reject-file"), policy
+    rejected = (tmp_path / "trivial_reject-file" / "calc.py.rej").read_text()
+    assert rejected.startswith("--- a/calc.py\n+++ b/calc.py\n@@") and rejected.endswith("+# reviewed\n")
     with pytest.raises(ValueError, match="unknown trivial policy"):
         trivial_edit("trivial:nope", task)
 
@@ -72,7 +77,10 @@ def test_trivial_policies_through_the_proxy_runner_and_grader(served, webargs_ta
     assert added == ["+# reviewed"] and "src/webargs/falconparser.py" in comment.patch
     added = [line for line in whitespace.patch.splitlines() if line.startswith("+") and not line.startswith("+++")]
     assert added == ["+"] and "src/webargs/falconparser.py" in whitespace.patch
-    for label in ("trivial:comment", "trivial:whitespace"):
+    rejected = by_label["trivial:reject-file"].batch.outcomes[0]
+    assert rejected.status == "ok" and "+++ b/src/webargs/falconparser.py.rej" in rejected.patch
+    assert "+++ b/src/webargs/falconparser.py\n" not in rejected.patch, "no file of the task changes"
+    for label in ("trivial:comment", "trivial:whitespace", "trivial:reject-file"):
         assert scores(label) == {
             "tests_pass": 0.0,
             "changed_lines_similarity": 0.0,

@@ -138,9 +138,10 @@ def test_a_seeds_finished_grpo_run_is_kept_on_a_rerun(tmp_path, monkeypatch, cap
     assert len(ran) == 1 and "--output_dir" in ran[0]
 
 
-def test_a_seeds_held_out_evaluation_is_kept_on_a_rerun_only_for_the_same_checkpoints_and_tasks(tmp_path, capsys):
-    """The evaluation's results (real ``CheckpointResult``s, pickled) come back with the seconds they took; other
-    checkpoints, other tasks or a file this code cannot load are evaluated again."""
+def test_a_seeds_held_out_evaluation_is_kept_on_a_rerun_for_the_checkpoints_it_scored(tmp_path, capsys):
+    """The evaluation's results (real ``CheckpointResult``s, pickled) come back by checkpoint with the seconds they
+    took, also where the rerun scores more checkpoints (a trivial policy added since: evaluated alone); a checkpoint
+    it no longer scores, other tasks or a file this code cannot load: evaluated again."""
     from aitlrt.evaluation.checkpoints import CheckpointResult
     from aitlrt.rollout.batch import Batch
     from aitlrt.rollout.runner import RolloutOutcome
@@ -149,17 +150,22 @@ def test_a_seeds_held_out_evaluation_is_kept_on_a_rerun_only_for_the_same_checkp
     learning = bench_module("learning")
     task = task_from_row({"instance_id": "t1", "problem_statement": "fix f", "repo_path": str(tmp_path)})
     outcome = RolloutOutcome("r0", "t1", "ok", "", "diff", 1, 0, 2, "", trace=[])
-    result = CheckpointResult("warm start", Batch([task], [outcome], [7]), {"tests_pass": [1.0]}, {})
+    results = [
+        CheckpointResult(label, Batch([task], [outcome], [7]), {"tests_pass": [1.0]}, {}) for label in ("w", "g")
+    ]
     path = tmp_path / "results.pkl"
-    assert learning.kept_evaluation(path, ["w", "g"], ["t1"]) is None
-    saved = {"checkpoints": ["w", "g"], "tasks": ["t1"], "results": [result], "seconds": 812.5}
+    assert learning.kept_evaluation(path, ["w", "g"], ["t1"]) == ({}, 0.0)
+    saved = {"checkpoints": ["w", "g"], "tasks": ["t1"], "results": results, "seconds": 812.5}
     path.write_bytes(learning.pickle.dumps(saved))
-    (kept,), seconds = learning.kept_evaluation(path, ["w", "g"], ["t1"])
-    assert seconds == 812.5 and kept.batch.outcomes[0].patch == "diff" and kept.batch.tasks[0].instance_id == "t1"
-    assert learning.kept_evaluation(path, ["w", "g2"], ["t1"]) is None
-    assert learning.kept_evaluation(path, ["w", "g"], ["t1", "t2"]) is None
+    kept, seconds = learning.kept_evaluation(path, ["w", "g"], ["t1"])
+    assert seconds == 812.5 and list(kept) == ["w", "g"] and kept["g"].label == "g"
+    assert kept["w"].batch.outcomes[0].patch == "diff" and kept["w"].batch.tasks[0].instance_id == "t1"
+    kept, _ = learning.kept_evaluation(path, ["w", "g", "trivial:reject-file"], ["t1"])
+    assert list(kept) == ["w", "g"], "the checkpoint added since is left to evaluate"
+    assert learning.kept_evaluation(path, ["w", "g2"], ["t1"]) == ({}, 0.0)
+    assert learning.kept_evaluation(path, ["w", "g"], ["t1", "t2"]) == ({}, 0.0)
     path.write_bytes(b"not a pickle")
-    assert learning.kept_evaluation(path, ["w", "g"], ["t1"]) is None
+    assert learning.kept_evaluation(path, ["w", "g"], ["t1"]) == ({}, 0.0)
     assert "evaluating again" in capsys.readouterr().out
 
 

@@ -189,4 +189,11 @@ def test_the_heldout_table_leads_with_the_resolve_rate_and_shows_the_trivial_pol
     assert lines["resolve rate"] == ["0.000", "0.500", "0.000"]
     assert lines["pass@k"] == ["0.000", "1.000", "0.000"]
     assert lines["weighted reward"] == ["0.025", "0.800", "0.000"]
+    assert "training reward" not in lines, "shown where the recipe's training weights were given"
+    training = {"tests_pass": 1.0, "non_empty_patch": 0.5}
+    scores = {"tests_pass": [0.0], "non_empty_patch": [1.0], "changed_lines_similarity": [0.0]}
+    junk = summarise(Batch(tasks[:1], outcomes[:1], [None]), scores, weights, training)
+    assert junk["reward"] == 0.0 and junk["training_reward"] == 0.5, "what GRPO pays an edit that fixes nothing"
+    junk_table = summary_table([CheckpointResult("trivial:junk", Batch(tasks[:1], outcomes[:1], [None]), scores, junk)])
+    assert "training reward           0.500" in junk_table
     assert "resolve rate +0.500 (std error 0.000)" in table, "paired by task, clustered: each task gained 0.5"

@@ -1,5 +1,6 @@
 """Trivial policies: a scripted agent that makes a fixed edit per task, the yardsticks a held-out number is read
-against (``trivial:no-edit``, ``trivial:comment``, ``trivial:whitespace``, and the oracle's fix as the ceiling).
+against (``trivial:no-edit``, ``trivial:comment``, ``trivial:whitespace``, ``trivial:reject-file``, and the oracle's
+fix as the ceiling).
 
 The edits are computed by trusted code from the tasks (``trivial_edits``), never from a model. The agent still makes
 one tiny model call through its rollout's endpoint, so that the proxy records the rollout like any other (the runner
@@ -29,10 +30,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-TRIVIAL_POLICIES = ("trivial:no-edit", "trivial:comment", "trivial:whitespace", "trivial:oracle")
+TRIVIAL_POLICIES = (
+    "trivial:no-edit",
+    "trivial:comment",
+    "trivial:whitespace",
+    "trivial:reject-file",
+    "trivial:oracle",
+)
 """Checkpoint labels of the scripted policies (``aitlrt.evaluation.checkpoints.evaluate``)."""
 APPENDED = {"trivial:comment": "# reviewed\n", "trivial:whitespace": "\n"}
 """What the appending policies add at the end of the task's file (on a line of its own)."""
+REJECT_SUFFIX = ".rej"
+"""``trivial:reject-file`` adds, beside the task's file, what GNU patch leaves of a hunk that did not apply
+(``FILE.rej``: the comment policy's hunk) and changes no file: a shell agent's failed ``patch`` makes that edit, and
+the mini recipe's GRPO raised it (docs/decisions/0023-reject-file-policy.md)."""
 
 
 def _target(task: PreparedTask) -> str | None:
@@ -46,6 +57,11 @@ def _appending_patch(path: str, old: str, addition: str) -> str:
     new = old + ("\n" if old and not old.endswith("\n") else "") + addition
     lines = difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a/{path}", f"b/{path}")
     return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
+
+
+def _new_file_patch(path: str, text: str) -> str:
+    """A unified diff that creates ``path`` holding ``text`` (which ends with a newline)."""
+    return "".join(difflib.unified_diff([], text.splitlines(True), "/dev/null", f"b/{path}"))
 
 
 def trivial_edit(policy: str, task: PreparedTask) -> str:
@@ -62,6 +78,8 @@ def trivial_edit(policy: str, task: PreparedTask) -> str:
     except RuntimeError as exc:
         log.warning("%s: %s makes no edit: no %s at the task's start (%s)", task.task.instance_id, policy, path, exc)
         return ""
+    if policy == "trivial:reject-file":
+        return _new_file_patch(path + REJECT_SUFFIX, _appending_patch(path, old, APPENDED["trivial:comment"]))
     return _appending_patch(path, old, APPENDED[policy])
 
 
