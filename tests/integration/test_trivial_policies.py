@@ -14,6 +14,7 @@ from aitlrt.rollout.agents.scripted import trivial_edit
 from aitlrt.rollout.batch import PreparedTask, RolloutSettings, prepare_tasks
 from aitlrt.tasks.grading import apply_patch
 from aitlrt.tasks.loader import load_tasks
+from aitlrt.tasks.patches import changed_paths
 from aitlrt.tasks.task import task_from_row
 
 # A one-line operator flip (`and` -> `or`) in falconparser.py, which ends with a newline.
@@ -78,8 +79,8 @@ def test_trivial_policies_through_the_proxy_runner_and_grader(served, webargs_ta
     added = [line for line in whitespace.patch.splitlines() if line.startswith("+") and not line.startswith("+++")]
     assert added == ["+"] and "src/webargs/falconparser.py" in whitespace.patch
     rejected = by_label["trivial:reject-file"].batch.outcomes[0]
-    assert rejected.status == "ok" and "+++ b/src/webargs/falconparser.py.rej" in rejected.patch
-    assert "+++ b/src/webargs/falconparser.py\n" not in rejected.patch, "no file of the task changes"
+    assert rejected.status == "ok"
+    assert changed_paths(rejected.patch) == ["src/webargs/falconparser.py.rej"], "no file of the task changes"
     for label in ("trivial:comment", "trivial:whitespace", "trivial:reject-file"):
         assert scores(label) == {
             "tests_pass": 0.0,
