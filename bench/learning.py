@@ -46,7 +46,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -184,6 +184,26 @@ def kept_evaluation(path: Path, checkpoints: Sequence[str], tasks: Sequence[str]
     return dict(zip(kept["checkpoints"], kept["results"], strict=True)), kept["seconds"]
 
 
+def saving(
+    cache: Path, checkpoints: Sequence[str], tasks: Sequence[str], kept: dict[str, Any], missing: Sequence[str],
+    earlier: float,
+) -> Callable[[Any], None]:  # fmt: skip
+    """``evaluate(missing, ...)``'s ``on_result``: each result into ``kept`` (by checkpoint), and what is scored so
+    far (with the seconds of ``earlier`` runs and this one) saved to ``cache`` at once, so that an interrupted
+    evaluation keeps its finished checkpoints for the rerun (``kept_evaluation``)."""
+    start = time.monotonic()
+
+    def keep(result: Any) -> None:
+        kept[next(c for c in missing if c not in kept)] = result
+        order = [c for c in checkpoints if c in kept]
+        saved = {"checkpoints": order, "tasks": list(tasks), "results": [kept[c] for c in order],
+                 "seconds": earlier + time.monotonic() - start}  # fmt: skip
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_bytes(pickle.dumps(saved))
+
+    return keep
+
+
 def main() -> None:
     import argparse
 
@@ -266,8 +286,7 @@ def main() -> None:
         if kept:
             print(f"[bench] seed {seed}: held-out evaluation of {len(kept)} checkpoints kept from {cache}", flush=True)
         if missing:
-            t1 = time.monotonic()
-            scored = evaluate(
+            evaluate(
                 missing,
                 prepared,
                 config.rollout_settings(HELDOUT_ROLLOUTS, seed=seed),  # the checkpoints' rollouts pair up
@@ -277,9 +296,8 @@ def main() -> None:
                 temperature=config.temperature,
                 top_p=config.top_p,
                 serve_args=[*shlex.split(script.serve_args), "--seed", str(seed)],
+                on_result=saving(cache, checkpoints, tasks, kept, missing, seconds),
             )
-            seconds += time.monotonic() - t1
-            kept |= dict(zip(missing, scored, strict=True))
         evaluated = [kept[c] for c in checkpoints]
         labels = LABELS[-len(models) :] + (TRIVIAL_POLICIES if first else ())
         for label, result in zip(labels, evaluated, strict=True):
@@ -287,8 +305,6 @@ def main() -> None:
             result.summary = summarise(result.batch, result.rewards, weights, training)
         if missing:
             write_results(evaluated, run / "heldout", weights=weights)
-            saved = {"checkpoints": checkpoints, "tasks": tasks, "results": evaluated, "seconds": seconds}
-            cache.write_bytes(pickle.dumps(saved))
         results[seed] = {r.label: r for r in evaluated}
         if not first:
             results[seed]["base"] = results[SEEDS[0]]["base"]

@@ -85,6 +85,7 @@ def evaluate(
     top_k: int = -1,
     serve_args: Sequence[str] = ("--enforce-eager",),
     on_progress: Callable[[Progress], None] | None = None,
+    on_result: Callable[[CheckpointResult], None] | None = None,
 ) -> list[CheckpointResult]:
     """Run, score and summarise the rollouts of each checkpoint (a weights folder, ``bundled``, ``served``, or a
     trivial policy of ``TRIVIAL_POLICIES``).
@@ -93,7 +94,8 @@ def evaluate(
     without, a server is started on the first weights (``TRIVIAL_SERVER`` if there are none; ``managed_server`` in
     ``serve_dir`` with ``max_tokens``, ``temperature``, ``top_p``, ``top_k`` and ``serve_args``) and stopped at the
     end. Every later weights are loaded into that server. A trivial policy loads nothing: its scripted agent runs one
-    rollout per task through the same server, runner and grader (``run_trivial``).
+    rollout per task through the same server, runner and grader (``run_trivial``). ``on_result`` gets each
+    checkpoint's result as soon as it is scored (a caller keeping them survives an interrupted evaluation).
     """
     models = [label for label in checkpoints if label not in TRIVIAL_POLICIES]
     with ExitStack() as stack:
@@ -123,6 +125,8 @@ def evaluate(
                 batch = run_batch(prepared, proxy, settings, on_progress=on_progress)
             scores = score_batch(rewards, batch)
             results.append(CheckpointResult(label, batch, scores, summarise(batch, scores)))
+            if on_result is not None:
+                on_result(results[-1])
         return results
 
 

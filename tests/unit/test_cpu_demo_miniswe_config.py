@@ -168,6 +168,16 @@ def test_a_seeds_held_out_evaluation_is_kept_on_a_rerun_for_the_checkpoints_it_s
     assert learning.kept_evaluation(path, ["w", "g"], ["t1"]) == ({}, 0.0)
     assert "evaluating again" in capsys.readouterr().out
 
+    # an evaluation saves each checkpoint as it is scored: one interrupted after "w" keeps "w" for the rerun
+    path.unlink()
+    kept: dict = {}
+    keep = learning.saving(path, ["w", "g"], ["t1"], kept, ["w", "g"], 10.0)
+    keep(results[0])
+    partial, seconds = learning.kept_evaluation(path, ["w", "g"], ["t1"])
+    assert list(partial) == ["w"] and seconds >= 10.0 and list(kept) == ["w"]
+    keep(results[1])
+    assert list(learning.kept_evaluation(path, ["w", "g"], ["t1"])[0]) == ["w", "g"]
+
 
 def test_a_results_row_keeps_the_config_and_agent_the_bench_named(tmp_path, capsys):
     results = bench_module("results")
