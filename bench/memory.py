@@ -28,7 +28,7 @@ from aitlrt.common.memory import peak_memory_gib, reset_peak_memory, unmap_freed
 from aitlrt.common.model import resolve_model
 allocator, checkpointing, tokens = sys.argv[1], sys.argv[2] == "on", int(sys.argv[3])
 if allocator == "fixed":
-    assert unmap_freed_tensors()
+    assert unmap_freed_tensors(torch.device("cpu"))
 model = AutoModelForCausalLM.from_pretrained(resolve_model("bundled"), dtype=torch.float32)
 model.train()
 if checkpointing:

@@ -5,8 +5,8 @@ that needs Linux's ``clear_refs`` (elsewhere the peak is the process's since it 
 ``unmap_freed_tensors`` keeps a CPU training process's resident memory near what its live tensors hold: glibc's
 malloc otherwise raises its mmap threshold each time a large block is freed (up to 32 MiB), after which a forward's
 activations come from the heap, and the heap keeps the pages of what backward frees. One forward/backward of 4,096
-tokens with gradient checkpointing (bundled model, fp32): 3.62 GiB at the peak with glibc's default, 1.55 with a
-fixed 128 KiB threshold, same time (``bench/memory.py``)."""
+tokens with gradient checkpointing (bundled model, fp32): 3.73 GiB at the peak with glibc's default, 1.55 with a
+fixed 128 KiB threshold, the same time within noise (``bench/memory.py``)."""
 
 from __future__ import annotations
 
@@ -20,14 +20,14 @@ from pathlib import Path
 
 import torch
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 _CLEAR_REFS = Path("/proc/self/clear_refs")
+_STATUS = Path("/proc/self/status")
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 MMAP_THRESHOLD = 128 * 1024
 """Bytes from which a malloc gets its own mapping, given back to the system when freed: glibc's initial value, held
 fixed."""
-_STATUS = Path("/proc/self/status")
 
 
 def reset_peak_memory(device: torch.device) -> None:
@@ -54,15 +54,16 @@ def peak_memory_gib(device: torch.device) -> float:
     return peak / (2**30 if sys.platform == "darwin" else 2**20)
 
 
-def unmap_freed_tensors() -> bool:
-    """Fix glibc's mmap threshold at ``MMAP_THRESHOLD`` for this process, so that the blocks tensors take (all but the
-    smallest) are unmapped when freed instead of kept by the heap; whether it was set (False without glibc)."""
-    if not sys.platform.startswith("linux"):
+def unmap_freed_tensors(device: torch.device) -> bool:
+    """Training on ``device`` the CPU: fix glibc's mmap threshold at ``MMAP_THRESHOLD`` for this process, so that the
+    blocks tensors take (all but the smallest) are unmapped when freed instead of kept by the heap; whether it was set
+    (False on another device, where the host holds little, or without glibc)."""
+    if device.type != "cpu" or not sys.platform.startswith("linux"):
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         done = bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
     except (OSError, AttributeError):  # another C library (musl has no mallopt)
         done = False
-    logger.debug("glibc mmap threshold fixed at %d bytes: %s", MMAP_THRESHOLD, done)
+    log.debug("glibc mmap threshold fixed at %d bytes: %s", MMAP_THRESHOLD, done)
     return done

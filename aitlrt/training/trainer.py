@@ -90,8 +90,7 @@ class AgentGRPOTrainer(GRPOTrainer):
 
     def __init__(self, *args: Any, agent=None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if self.accelerator.device.type == "cpu":  # the update's freed activations leave the process
-            unmap_freed_tensors()
+        unmap_freed_tensors(self.accelerator.device)  # on CPU the update's freed activations leave the process
         self.server = ServerLink(self, self.args, self._tokenizer)
         agent = agent or make_agent(
             self.args.agent,

@@ -230,8 +230,7 @@ def sft_trainer(
         processing_class=tokenizer,
         peft_config=peft_config,
     )
-    if trainer.accelerator.device.type == "cpu":  # the training's freed activations leave the process
-        unmap_freed_tensors()
+    unmap_freed_tensors(trainer.accelerator.device)  # on CPU the training's freed activations leave the process
     stops = stop_token_ids(tokenizer, model)
     dataset = cast("Dataset", trainer.train_dataset)
     dataset = dataset.map(lambda row: {"labels": end_at_stop_token(row["labels"], stops)})

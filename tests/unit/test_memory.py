@@ -33,9 +33,9 @@ def test_the_peak_holds_a_freed_allocation_until_a_reset():
 def held_after_free(mode: str) -> float:
     """``held_after_freeing_gib`` in a fresh process, glibc's malloc as it comes or with the threshold fixed."""
     code = (
-        "import sys\nfrom aitlrt.common.memory import unmap_freed_tensors\n"
+        "import sys\nimport torch\nfrom aitlrt.common.memory import unmap_freed_tensors\n"
         "from tests.helpers.processes import held_after_freeing_gib\n"
-        "assert sys.argv[1] == 'default' or unmap_freed_tensors()\nprint(held_after_freeing_gib())"
+        "assert sys.argv[1] == 'default' or unmap_freed_tensors(torch.device('cpu'))\nprint(held_after_freeing_gib())"
     )
     done = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, cwd=ROOT, check=True)
     return float(done.stdout.split()[-1])
