@@ -82,7 +82,8 @@ COLUMNS = (
 standard errors of the resolve rate; ``pass@k``: k = the rollouts per task; ``P2P-kept``: the share of edits that
 keep every PASS_TO_PASS test; ``localis.``: the share of rollouts whose patch changes a line the oracle changes;
 ``ch.simil``: similarity of the changed lines alone to the oracle's; ``reward``: the held-out weighted reward;
-``train.rw``: the reward the recipe's ``reward_weights`` pay, what GRPO reinforces)."""
+``train.rw``: the reward the recipe's ``reward_weights`` pay, what GRPO reinforces; with ``--validate``, a variant's
+runs show what its own weights pay)."""
 
 
 def write_rows(path: Path, rows: list[dict]) -> None:
@@ -432,6 +433,25 @@ def intermediate_checkpoints(run: Path) -> list[tuple[int, Path]]:
     return sorted((int(step), p) for step, p in saved if step.isdigit() and int(step) < last)
 
 
+def variant_training(variant: str, recipe: Path, training: dict[str, float]) -> dict[str, float]:
+    """The training-reward weights ``variant`` (``aitlrt/train.py`` arguments over ``recipe``'s) trains with, by
+    reward name: its run's ``train.rw`` is what it was paid. ``training`` (the recipe's) where it names rewards the
+    evaluation does not score (those of ``training``)."""
+    from trl import ModelConfig, TrlParser
+
+    from aitlrt.training.config import AgentGRPOConfig, AgentScriptArguments, training_weights
+
+    parser = TrlParser((AgentScriptArguments, AgentGRPOConfig, ModelConfig))  # type: ignore[arg-type]
+    script, config, _ = parser.parse_args_and_config(
+        ["--config", str(recipe), "--output_dir", "/tmp/x", *shlex.split(variant)]
+    )
+    if not set(script.rewards) <= set(training):
+        print(f"[bench] {variant!r} trains on rewards the evaluation does not score ({', '.join(script.rewards)}): "
+              "its train.rw uses the recipe's weights", flush=True)  # fmt: skip
+        return training
+    return dict(zip(script.rewards, training_weights(script, config), strict=True))
+
+
 def validate(
     variants: Sequence[str],
     seeds: Sequence[int],
@@ -458,11 +478,13 @@ def validate(
     share_flag = argparse.ArgumentParser(add_help=False)
     share_flag.add_argument("--warm_start_share", type=float, default=script.warm_start_share)
     checkpoints: dict[str, str] = {}  # label -> weights
+    trained_with: dict[str, dict[str, float]] = {}  # label -> its variant's training-reward weights
     warm_of: dict[str, str] = {}  # variant -> its warm start's label
     seeds_of: dict[str, list[str]] = {}  # variant -> the labels of its seeds' runs
     for variant in variants:
         known, rest = share_flag.parse_known_args(shlex.split(variant))
         warm, rl_tasks = warm_and_rl(train, known.warm_start_share, out, base, script, config)
+        own = variant_training(variant, recipe, training)
         warm_label = f"warm start (share {known.warm_start_share:g})"
         checkpoints.setdefault(warm_label, str(warm))
         for seed in seeds:
@@ -475,8 +497,10 @@ def validate(
             for step, saved in intermediate_checkpoints(run):
                 checkpoints[f"{label} @ step {step}"] = str(saved)
                 warm_of[f"{label} @ step {step}"] = warm_label
+                trained_with[f"{label} @ step {step}"] = own
             checkpoints[label] = str(run)
             warm_of[label] = warm_label
+            trained_with[label] = own
             seeds_of.setdefault(variant or "(the recipe)", []).append(label)
     evaluated = evaluate(
         [*checkpoints.values(), *TRIVIAL_POLICIES],
@@ -492,7 +516,9 @@ def validate(
     summaries, by_label = {}, dict(zip([*checkpoints, *TRIVIAL_POLICIES], evaluated, strict=True))
     for label, result in by_label.items():
         result.label = label
-        result.summary = summaries[label] = summarise(result.batch, result.rewards, weights, training)
+        result.summary = summaries[label] = summarise(
+            result.batch, result.rewards, weights, trained_with.get(label, training)
+        )
     folder = out / time.strftime("validation-%Y%m%d-%H%M%S")  # a rerun in the same AITLRT_BENCH_OUT keeps earlier ones
     write_results(evaluated, folder, weights=weights)
     header = f"\n{'checkpoint':<52}" + "".join(f"{name:>9}" for name, _ in COLUMNS)

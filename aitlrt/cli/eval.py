@@ -43,8 +43,8 @@ def add_parser(verbs: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--checkpoint",
         default="bundled",
         help="weights folder (or 'bundled'; with --proxy: 'served'), or a trivial policy (trivial:no-edit, "
-        "trivial:comment, trivial:whitespace, trivial:reject-file, trivial:oracle: a scripted edit, one rollout per "
-        "task)",
+        "trivial:comment, trivial:whitespace, trivial:reject-file, trivial:no-op-code, trivial:oracle: a scripted "
+        "edit, one rollout per task)",
     )
     p.add_argument("--compare", default=None, help="a second weights folder or trivial policy, evaluated the same way")
     p.add_argument(
@@ -57,6 +57,13 @@ def add_parser(verbs: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default=REWARDS,
         help="built-in rewards to score with, NAME[=WEIGHT],...; with any weight given (the others count 1) also the "
         "weighted reward, as a run's reward_funcs and reward_weights score it, and its paired gain",
+    )
+    p.add_argument(
+        "--training-rewards",
+        "--training_rewards",
+        default="",
+        help="NAME=WEIGHT,... of a run's training reward (--config: its reward_weights): the table's "
+        "training_reward, what GRPO would pay each checkpoint or trivial policy (those rewards are scored too)",
     )
     add_sampling_flags(p)
     p.add_argument("--top-p", "--top_p", type=float, default=1.0, help="nucleus sampling's top_p (managed server)")
@@ -90,21 +97,26 @@ CONFIG_FLAGS = (
 
 def config_defaults(path: str) -> dict[str, Any]:
     """The settings of training config ``path`` that a run's held-out evaluation uses, by field name: its rollout
-    knobs, sampling and serve args, and its rewards with the held-out weights as ``--rewards NAME=WEIGHT``."""
+    knobs, sampling and serve args, its rewards with the held-out weights as ``--rewards NAME=WEIGHT``, and with its
+    ``reward_weights`` as ``--training-rewards``."""
     from trl import ModelConfig, TrlParser
 
-    from aitlrt.training.config import AgentGRPOConfig, AgentScriptArguments, heldout_weights
+    from aitlrt.training.config import AgentGRPOConfig, AgentScriptArguments, heldout_weights, training_weights
 
     parser = TrlParser((AgentScriptArguments, AgentGRPOConfig, ModelConfig))  # type: ignore[arg-type]
     try:
         script, config, _ = parser.parse_args_and_config(["--config", path, "--output_dir", tempfile.gettempdir()])
     except (OSError, ValueError) as exc:
         raise SystemExit(f"aitlrt eval: --config {path}: {exc}") from None
-    weights = heldout_weights(script, config)
     fields_ = {**vars(script), **vars(config)}
+
+    def spec(weights: list[float]) -> str:
+        return ",".join(f"{name}={weight:g}" for name, weight in zip(script.rewards, weights, strict=True))
+
     return {
         **{name: fields_[name] for name in CONFIG_FLAGS},
-        "rewards": ",".join(f"{name}={weight:g}" for name, weight in zip(script.rewards, weights, strict=True)),
+        "rewards": spec(heldout_weights(script, config)),
+        "training_rewards": spec(training_weights(script, config)),
     }
 
 
@@ -115,7 +127,8 @@ def run(args: argparse.Namespace) -> None:
     checkpoints = [args.checkpoint] + ([args.compare] if args.compare else [])
     try:
         weights = reward_weights(args.rewards)
-        funcs = reward_funcs(list(weights))
+        training = reward_weights(args.training_rewards) or None
+        funcs = reward_funcs(list(dict.fromkeys([*weights, *(training or {})])))
         settings = rollout_settings(args)
         prepared = prepared_tasks(args, "eval")
     except ValueError as exc:  # unknown reward or agent, bad --source, no usable task
@@ -136,7 +149,7 @@ def run(args: argparse.Namespace) -> None:
     )
     weighted = weights if "=" in args.rewards else None
     for result in results:
-        result.summary = summarise(result.batch, result.rewards, weighted)
+        result.summary = summarise(result.batch, result.rewards, weighted, training)
         print(f"\n== {result.label} ==")
         print_outcomes(result.batch.outcomes)
         print_rewards(result.batch.outcomes, result.rewards)

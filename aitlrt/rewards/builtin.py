@@ -24,7 +24,7 @@ from typing import Any
 from aitlrt.rewards import runtime, terms
 from aitlrt.rewards.inputs import rows_of
 from aitlrt.rollout.status import agent_failed
-from aitlrt.tasks import patches
+from aitlrt.tasks import grading, patches
 from aitlrt.tasks.grading import Grade
 
 Row = Mapping[str, Any]
@@ -97,6 +97,23 @@ def non_empty_patch(prompts=None, completions=None, completion_ids=None, **kwarg
     return _each(kwargs, lambda row: terms.non_empty_patch(_patch(row), _applies(row)))
 
 
+def _code_edit(row: Row) -> float:
+    """``terms.code_edit`` of the row's patch; whether it applies (a git call) is asked only where it changes
+    code."""
+    patch = _patch(row)
+    task = runtime.task_of(row) if patch.strip() else None
+    if task is None:
+        return 0.0
+    tests = grading.test_targets(task)
+    return terms.code_edit(patch, bool(terms.code_paths(patch, tests)) and runtime.applies(task, patch), tests)
+
+
+def code_edit(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:
+    """``terms.code_edit``: a patch that applies and changes the code of a module the repository has, outside its
+    tests (not a comment, whitespace, a test or a new file such as a ``.rej``)."""
+    return _each(kwargs, _code_edit)
+
+
 def tests_pass(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:
     """``terms.tests_pass``: every FAIL_TO_PASS test passes and no PASS_TO_PASS test breaks (NaN: a grader
     failure)."""
@@ -136,6 +153,13 @@ def edit_tests_pass_fraction(prompts=None, completions=None, completion_ids=None
     return _graded(kwargs, lambda row, g, edit: terms.edit_tests_pass_fraction(bool(edit), g), edited)
 
 
+def code_edit_tests_pass_fraction(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:
+    """``terms.edit_tests_pass_fraction`` of a code edit (``code_edit``), 0 without one (NaN for a code edit: a
+    grader failure): green tests pay only a change of the code the tests run."""
+    edited = code_edit(**kwargs)
+    return _graded(kwargs, lambda row, g, edit: terms.edit_tests_pass_fraction(bool(edit), g), edited)
+
+
 def well_formed_edit(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:
     """``terms.well_formed_edit`` of the agent's last answer: it holds a whole SEARCH/REPLACE block."""
     return _each(kwargs, lambda row: terms.well_formed_edit(_last_answer(row)))
@@ -169,6 +193,7 @@ GRADED: tuple[Callable[..., list[float]], ...] = (
     tests_pass_fraction,
     unbroken_patch_similarity,
     edit_tests_pass_fraction,
+    code_edit_tests_pass_fraction,
     unbroken_changed_lines_similarity,
     keeps_pass_to_pass,
 )
@@ -190,5 +215,7 @@ REWARDS: dict[str, Callable[..., list[float]]] = {
         localised,
         keeps_pass_to_pass,
         unbroken_changed_lines_similarity,
+        code_edit,
+        code_edit_tests_pass_fraction,
     )
 }

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 
 from aitlrt.rollout.agents.edit_format import edit_blocks
 from aitlrt.rollout.status import grader_failed
-from aitlrt.tasks.grading import Grade
+from aitlrt.tasks import patches
+from aitlrt.tasks.grading import Grade, protected
 from aitlrt.tasks.patches import code_lines
 
 
@@ -50,6 +51,26 @@ def non_empty_patch(patch: str, applies: bool) -> float:
     return float(bool(patch.strip()) and applies)
 
 
+def code_paths(patch: str, tests: Sequence[str]) -> list[str]:
+    """The Python modules whose code ``patch`` changes: files it has an effective change in
+    (``patches.changed_runs``: not a comment, not whitespace), ending in ``.py``, that the repository has at the
+    start (the patch does not create them) and that are no test infrastructure (``grading.protected``, which the
+    grader puts back; ``tests``: the task's test files)."""
+    created = patches.created_paths(patch)
+    return [
+        path
+        for path in patches.changed_runs(patch)
+        if path.endswith(".py") and path not in created and not protected(path, list(tests))
+    ]
+
+
+def code_edit(patch: str, applies: bool, tests: Sequence[str]) -> float:
+    """1 when ``patch`` applies and changes the code of a module the repository has (``code_paths``), 0 for a
+    patch that changes no code: a comment, whitespace, a test, a new file (the ``FILE.rej`` that ``patch`` leaves
+    where a hunk failed: a shell agent's cheapest "edit", docs/decisions/0024-code-edit-terms.md)."""
+    return float(bool(code_paths(patch, tests)) and applies)
+
+
 def keeps_pass_to_pass(patch: str, grade: Grade) -> float:
     """1 when ``patch`` is not empty, applied, was graded and every PASS_TO_PASS test still passes
     (``breaks_no_test``), 0 otherwise (no edit: 0 whatever its grade): over the rollouts that edited, the share of
@@ -58,9 +79,10 @@ def keeps_pass_to_pass(patch: str, grade: Grade) -> float:
 
 
 def edit_tests_pass_fraction(edited: bool, grade: Grade) -> float:
-    """``tests_pass_fraction`` of an edit (``edited``: ``non_empty_patch`` paid 1), 0 without one: keeping the tests
-    green pays only an agent that changed the code, so no edit scores below any edit and an edit that breaks tests
-    below one that does not (plain ``tests_pass_fraction`` pays a no-op for the tests it leaves passing)."""
+    """``tests_pass_fraction`` of an edit (``edited``: ``non_empty_patch`` or ``code_edit`` paid 1), 0 without one:
+    keeping the tests green pays only an agent that changed the code, so no edit scores below any edit and an edit
+    that breaks tests below one that does not (plain ``tests_pass_fraction`` pays a no-op for the tests it leaves
+    passing)."""
     return scored(grade, grade.fraction) if edited else 0.0
 
 

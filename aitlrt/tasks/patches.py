@@ -266,6 +266,18 @@ def changed_paths(patch: str) -> list[str]:
     return list(split_files(patch))
 
 
+def created_paths(patch: str) -> set[str]:
+    """The files ``patch`` creates: those whose old side is ``/dev/null`` (a ``.rej`` that ``patch`` left, a new
+    module)."""
+    created, old = set(), ""
+    for role, line in _roles(patch):
+        if role == "old":
+            old = _path(line)
+        elif role == "new" and old == "/dev/null":
+            created.add(_path(line))
+    return created
+
+
 def reverse(patch: str) -> str:
     """The inverse of a text unified diff (what ``git apply -R`` applies), as git would write it: old and new
     sides swapped, and in each run of changed lines the removals before the additions."""

@@ -85,6 +85,9 @@ def test_webargs_tasks_gold_empty_and_breaking_patches(webargs):
     # keeping tests green pays only an edit: the no-ops score 0, below the breaking edits, below the fixes
     assert scores["edit_tests_pass_fraction"] == [1.0] * 4 + [0.0] * 4 + scores["tests_pass_fraction"][8:]
     assert all(0.0 < f < 1.0 for f in scores["edit_tests_pass_fraction"][8:])
+    # each patch here changes a module's code: the code-edit terms pay as the edit terms do
+    assert scores["code_edit"] == scores["non_empty_patch"]
+    assert scores["code_edit_tests_pass_fraction"] == scores["edit_tests_pass_fraction"]
     grades = grade_rollouts(rows_of(cols))
     for g, task in zip(grades[8:], tasks, strict=True):  # the fix works, but another test breaks
         assert g.status == "unresolved" and g.f2p_passed == g.f2p_total == len(task.fail_to_pass)

@@ -1,6 +1,6 @@
 """Trivial policies (no edit, an appended comment, a whitespace-only edit, a patch(1) reject file beside the task's
-file, the oracle's fix) scored by the scripted agent through a real aitlrt-serve + vLLM CPU server, the real rollout
-runner and the real grader on a real task."""
+file, an appended ``pass``, the oracle's fix) scored by the scripted agent through a real aitlrt-serve + vLLM CPU
+server, the real rollout runner and the real grader on a real task."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 
 from aitlrt.evaluation.checkpoints import TRIVIAL_POLICIES, evaluate
 from aitlrt.evaluation.scoring import measure_funcs, paired
+from aitlrt.rewards.builtin import REWARDS
 from aitlrt.rollout.agents.scripted import trivial_edit
 from aitlrt.rollout.batch import PreparedTask, RolloutSettings, prepare_tasks
 from aitlrt.tasks.grading import apply_patch
@@ -33,6 +34,7 @@ def test_trivial_edits_append_on_a_line_of_their_own(make_repo, tmp_path):
         "trivial:comment": "def add(a, b):\n    return a - b\n# reviewed\n",
         "trivial:whitespace": "def add(a, b):\n    return a - b\n\n",
         "trivial:reject-file": "def add(a, b):\n    return a - b",
+        "trivial:no-op-code": "def add(a, b):\n    return a - b\npass\n",
         "trivial:oracle": "def add(a, b):\n    return a + b",
     }
     for policy, text in expected.items():
@@ -55,7 +57,8 @@ def webargs_task(data_dir: Path) -> list[PreparedTask]:
 
 def test_trivial_policies_through_the_proxy_runner_and_grader(served, webargs_task):
     settings = RolloutSettings(agent="single-call", n=3, seed=0, concurrency=1, timeout_s=120)  # n, seed: ignored
-    results = evaluate(list(TRIVIAL_POLICIES), webargs_task, settings, measure_funcs(), proxy=served.url)
+    funcs = {**measure_funcs(), "code_edit": REWARDS["code_edit"]}
+    results = evaluate(list(TRIVIAL_POLICIES), webargs_task, settings, funcs, proxy=served.url)
     by_label = {r.label: r for r in results}
     assert list(by_label) == list(TRIVIAL_POLICIES)
     for result in results:  # one deterministic, unseeded rollout per task, recorded by the proxy like any other
@@ -81,12 +84,13 @@ def test_trivial_policies_through_the_proxy_runner_and_grader(served, webargs_ta
     rejected = by_label["trivial:reject-file"].batch.outcomes[0]
     assert rejected.status == "ok"
     assert changed_paths(rejected.patch) == ["src/webargs/falconparser.py.rej"], "no file of the task changes"
-    for label in ("trivial:comment", "trivial:whitespace", "trivial:reject-file"):
+    for label in ("trivial:comment", "trivial:whitespace", "trivial:reject-file", "trivial:no-op-code"):
         assert scores(label) == {
             "tests_pass": 0.0,
             "changed_lines_similarity": 0.0,
             "localised": 0.0,
             "keeps_pass_to_pass": 1.0,
+            "code_edit": float(label == "trivial:no-op-code"),  # a `pass` changes code; the others none
         }, label
 
     oracle = by_label["trivial:oracle"].batch.outcomes[0]
@@ -99,4 +103,5 @@ def test_trivial_policies_through_the_proxy_runner_and_grader(served, webargs_ta
         "changed_lines_similarity": 1.0,
         "localised": 1.0,
         "keeps_pass_to_pass": 1.0,
+        "code_edit": 1.0,
     }

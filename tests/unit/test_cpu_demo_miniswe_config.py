@@ -203,3 +203,17 @@ def _keep_sys_path():
     before = list(sys.path)
     yield
     sys.path[:] = before
+
+
+def test_a_validation_variant_shows_what_its_own_reward_weights_pay():
+    learning = bench_module("learning")
+    recipe = yaml.safe_load(AIDER.read_text())
+    training = dict(zip(recipe["rewards"], recipe["reward_weights"], strict=True))
+    assert learning.variant_training("", AIDER, training) == training
+    weights = [1.0] + [0.0] * (len(training) - 1)
+    variant = learning.variant_training("--reward_weights " + " ".join(map(str, weights)), AIDER, training)
+    assert variant == dict(zip(training, weights, strict=True))
+    fewer = learning.variant_training(
+        "--rewards tests_pass localised --reward_weights 1 1 --heldout_reward_weights 1 0", AIDER, training
+    )
+    assert fewer == training, "a reward the evaluation does not score: the recipe's weights"

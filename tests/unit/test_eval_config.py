@@ -1,5 +1,6 @@
-"""``aitlrt eval --config``: a training config's agent, sampling and rewards become the defaults, flags given on the
-command line win (even when they repeat eval's own default), a config that cannot be read is one clear error."""
+"""``aitlrt eval --config``: a training config's agent, sampling, rewards and training reward become the defaults,
+flags given on the command line win (even when they repeat eval's own default), a config that cannot be read is one
+clear error."""
 
 from __future__ import annotations
 
@@ -21,8 +22,12 @@ def test_a_training_config_sets_evals_defaults():
     assert args.serve_args == "--enforce-eager --max-model-len 6144"
     assert args.rewards == (
         "tests_pass=1,patch_similarity=0,non_empty_patch=0,tests_pass_fraction=0,unbroken_patch_similarity=0,"
-        "edit_tests_pass_fraction=0,anchored_change=0,finished_answers=0,changed_lines_similarity=0.5"
+        "edit_tests_pass_fraction=0,anchored_change=0,finished_answers=0,changed_lines_similarity=0.5,code_edit=0,"
+        "code_edit_tests_pass_fraction=0,unbroken_changed_lines_similarity=0"
     )
+    training = dict(item.split("=") for item in args.training_rewards.split(","))
+    assert list(training) == [item.split("=")[0] for item in args.rewards.split(",")]
+    assert (training["tests_pass"], training["finished_answers"]) == ("1", "0.1"), "the config's reward_weights"
     assert args.recycle_workspaces and args.seed == 0
 
 

@@ -33,6 +33,8 @@ TERMS = (
     "anchored_change",
     "finished_answers",
     "edit_tests_pass_fraction",
+    "code_edit",
+    "code_edit_tests_pass_fraction",
     "patch_similarity",
     "changed_lines_similarity",
     "unbroken_patch_similarity",
@@ -94,8 +96,10 @@ def test_the_trivial_policies_score_nothing_on_the_fix_measures(task: Task, make
     assert got["tests_pass"] == {name: float(name == "oracle") for name in policies}
     assert got["changed_lines_similarity"] == {name: float(name == "oracle") for name in policies}
     assert got["localised"] == {name: float(name == "oracle") for name in policies}
-    for term in ("anchored_change", "well_formed_change"):  # a comment or a blank line changes no code
+    for term in ("anchored_change", "well_formed_change", "code_edit", "code_edit_tests_pass_fraction"):
+        # a comment or a blank line changes no code
         assert got[term] == {name: float(name == "oracle") for name in policies}, term
     assert got["keeps_pass_to_pass"] == {name: float(name != "no edit") for name in policies}
+    assert got["edit_tests_pass_fraction"]["comment at end"] > 0.9, "an edit that fixes nothing, paid in full"
     assert got["unbroken_changed_lines_similarity"] == got["changed_lines_similarity"]
     assert got["patch_similarity"]["comment on bug"] > 0.3, "SWE-RL's form pays a comment the hunk's context"

@@ -5,6 +5,7 @@ have one owner."""
 
 from __future__ import annotations
 
+import difflib
 import math
 from typing import get_args
 
@@ -21,6 +22,7 @@ from aitlrt.rollout.status import (
     infrastructure_failure,
 )
 from aitlrt.tasks.grading import Grade
+from aitlrt.tasks.patches import created_paths
 from aitlrt.warmstart.oracle import edit_block, search_replace
 
 FILE = "def f(a):\n    if a:\n        return 1\n    return 2\n"
@@ -89,3 +91,31 @@ def test_the_rollout_statuses_have_one_owner():
     assert infrastructure_failure("agent_error", 3) and infrastructure_failure("crashed", 0)
     assert not infrastructure_failure("crashed", 1) and not infrastructure_failure("timeout", 0)
     assert grader_failed("env_failed") and not grader_failed("timeout") and not grader_failed("agent_failed")
+
+
+def _diff(path: str, before: str, after: str) -> str:
+    """A unified diff of one file (``before`` empty: the file is created)."""
+    old = "/dev/null" if not before else f"a/{path}"
+    lines = difflib.unified_diff(before.splitlines(True), after.splitlines(True), old, f"b/{path}")
+    return "".join(lines)
+
+
+def test_a_code_edit_changes_code_of_a_module_the_repository_has_and_nothing_else_is_one():
+    fix = _diff("pkg/m.py", FILE, FILE.replace("return 1", "return 3"))
+    tests = ["tests/test_m.py"]
+    assert terms.code_paths(fix, tests) == ["pkg/m.py"] and terms.code_edit(fix, True, tests) == 1.0
+    assert terms.code_edit(fix, False, tests) == 0.0, "a patch that does not apply changes nothing"
+    no_code = {
+        "comment": _diff("pkg/m.py", FILE, FILE + "# reviewed\n"),
+        "whitespace": _diff("pkg/m.py", FILE, FILE.replace("return 2", "return 2  ")),
+        "reject file": _diff("pkg/m.py.rej", "", "--- m.py\n+++ m.py\n@@ -4 +4,2 @@\n return 2\n+# reviewed\n"),
+        "new module": _diff("pkg/extra.py", "", "x = 1\n"),
+        "test file": _diff("tests/test_m.py", "def test_f():\n    assert 0\n", "def test_f():\n    assert 1\n"),
+        "conftest": _diff("conftest.py", "x = 1\n", "x = 2\n"),
+        "not Python": _diff("README.md", "m\n", "m, fixed\n"),
+        "empty": "",
+    }
+    for name, patch in no_code.items():
+        assert terms.code_edit(patch, True, tests) == 0.0, name
+    assert terms.code_edit(fix + no_code["reject file"], True, tests) == 1.0, "a fix beside a reject file"
+    assert created_paths(no_code["reject file"]) == {"pkg/m.py.rej"} and not created_paths(fix)

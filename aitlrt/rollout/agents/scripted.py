@@ -1,6 +1,6 @@
 """Trivial policies: a scripted agent that makes a fixed edit per task, the yardsticks a held-out number is read
-against (``trivial:no-edit``, ``trivial:comment``, ``trivial:whitespace``, ``trivial:reject-file``, and the oracle's
-fix as the ceiling).
+against (``trivial:no-edit``, ``trivial:comment``, ``trivial:whitespace``, ``trivial:reject-file``,
+``trivial:no-op-code``, and the oracle's fix as the ceiling).
 
 The edits are computed by trusted code from the tasks (``trivial_edits``), never from a model. The agent still makes
 one tiny model call through its rollout's endpoint, so that the proxy records the rollout like any other (the runner
@@ -35,11 +35,14 @@ TRIVIAL_POLICIES = (
     "trivial:comment",
     "trivial:whitespace",
     "trivial:reject-file",
+    "trivial:no-op-code",
     "trivial:oracle",
 )
 """Checkpoint labels of the scripted policies (``aitlrt.evaluation.checkpoints.evaluate``)."""
-APPENDED = {"trivial:comment": "# reviewed\n", "trivial:whitespace": "\n"}
-"""What the appending policies add at the end of the task's file (on a line of its own)."""
+APPENDED = {"trivial:comment": "# reviewed\n", "trivial:whitespace": "\n", "trivial:no-op-code": "pass\n"}
+"""What the appending policies add at the end of the task's file (on a line of its own). ``trivial:no-op-code``'s
+``pass`` is code that does nothing: the cheapest edit a reward paying changed code (``code_edit``) pays
+(docs/decisions/0024-code-edit-terms.md)."""
 REJECT_SUFFIX = ".rej"
 """``trivial:reject-file`` adds, beside the task's file, what GNU patch leaves of a hunk that did not apply
 (``FILE.rej``: the comment policy's hunk) and changes no file: a shell agent's failed ``patch`` makes that edit, and
