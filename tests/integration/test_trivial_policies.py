@@ -84,14 +84,18 @@ def test_trivial_policies_through_the_proxy_runner_and_grader(served, webargs_ta
     rejected = by_label["trivial:reject-file"].batch.outcomes[0]
     assert rejected.status == "ok"
     assert changed_paths(rejected.patch) == ["src/webargs/falconparser.py.rej"], "no file of the task changes"
-    for label in ("trivial:comment", "trivial:whitespace", "trivial:reject-file", "trivial:no-op-code"):
+    for label in ("trivial:comment", "trivial:whitespace", "trivial:reject-file"):
         assert scores(label) == {
             "tests_pass": 0.0,
             "changed_lines_similarity": 0.0,
             "localised": 0.0,
             "keeps_pass_to_pass": 1.0,
-            "code_edit": float(label == "trivial:no-op-code"),  # a `pass` changes code; the others none
+            "code_edit": 0.0,
         }, label
+    no_op = scores("trivial:no-op-code")  # a `pass` is code: a code edit, far from the fix's lines
+    similar = no_op.pop("changed_lines_similarity")
+    assert no_op == {"tests_pass": 0.0, "localised": 0.0, "keeps_pass_to_pass": 1.0, "code_edit": 1.0}
+    assert 0.0 < similar < 0.2, "the characters any code line shares with the fix's (difflib's ratio)"
 
     oracle = by_label["trivial:oracle"].batch.outcomes[0]
     assert oracle.status == "ok"
