@@ -34,7 +34,6 @@ DIFFERENT = {  # the keys whose values differ from cpu_demo.yaml's, each comment
     "max_completion_length",
     "serve_args",
     "context_window",
-    "reward_weights",
     "output_dir",
 }
 DROPPED = {"edit_format", "aider_reminder"}  # Aider's knobs: mini-swe-agent reads neither
@@ -103,6 +102,7 @@ def test_everything_else_is_the_embedded_recipe_and_each_difference_is_commented
         assert any("#" in line for line in block), f"{key}: differs from cpu_demo.yaml without a comment saying why"
     rewards = dict(zip(mini["rewards"], mini["reward_weights"], strict=True))
     assert rewards["anchored_change"] == 0.0  # SEARCH/REPLACE blocks: a shell agent never writes one
+    assert rewards["non_empty_patch"] == rewards["edit_tests_pass_fraction"] == 0.0, "a FILE.rej is paid nothing"
 
 
 def test_the_bench_arm_names_its_agent_and_its_grpo_config_keeps_it(tmp_path):
