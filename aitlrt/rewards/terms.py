@@ -67,7 +67,7 @@ def code_paths(patch: str, tests: Sequence[str]) -> list[str]:
 def code_edit(patch: str, applies: bool, tests: Sequence[str]) -> float:
     """1 when ``patch`` applies and changes the code of a module the repository has (``code_paths``), 0 for a
     patch that changes no code: a comment, whitespace, a test, a new file (the ``FILE.rej`` that ``patch`` leaves
-    where a hunk failed: a shell agent's cheapest "edit", docs/decisions/0024-code-edit-terms.md)."""
+    where a hunk failed: a shell agent's cheapest "edit", docs/decisions/0024-reward-fix-and-closeness.md)."""
     return float(bool(code_paths(patch, tests)) and applies)
 
 

@@ -42,7 +42,7 @@ TRIVIAL_POLICIES = (
 APPENDED = {"trivial:comment": "# reviewed\n", "trivial:whitespace": "\n", "trivial:no-op-code": "pass\n"}
 """What the appending policies add at the end of the task's file (on a line of its own). ``trivial:no-op-code``'s
 ``pass`` is code that does nothing: the cheapest edit a reward paying changed code (``code_edit``) pays
-(docs/decisions/0024-code-edit-terms.md)."""
+(docs/decisions/0024-reward-fix-and-closeness.md)."""
 REJECT_SUFFIX = ".rej"
 """``trivial:reject-file`` adds, beside the task's file, what GNU patch leaves of a hunk that did not apply
 (``FILE.rej``: the comment policy's hunk) and changes no file: a shell agent's failed ``patch`` makes that edit, and
