@@ -56,11 +56,11 @@ def code_paths(patch: str, tests: Sequence[str]) -> list[str]:
     (``patches.changed_runs``: not a comment, not whitespace), ending in ``.py``, that the repository has at the
     start (the patch does not create them) and that are no test infrastructure (``grading.protected``, which the
     grader puts back; ``tests``: the task's test files)."""
-    created = patches.created_paths(patch)
+    created, targets = patches.created_paths(patch), list(tests)
     return [
         path
         for path in patches.changed_runs(patch)
-        if path.endswith(".py") and path not in created and not protected(path, list(tests))
+        if path.endswith(".py") and path not in created and not protected(path, targets)
     ]
 
 
