@@ -75,6 +75,7 @@ COLUMNS = (
     ("P2P-kept", "p2p_kept_edits"),
     ("localis.", "localisation"),
     ("ch.simil", "changed_lines_similarity"),
+    ("overlap", "changed_lines_overlap"),
     ("reward", "reward"),
     ("train.rw", "training_reward"),
 )

@@ -24,6 +24,7 @@ SUMMARY_ROWS = (
     ("P2P-kept edits", names.SUMMARY_P2P_KEPT_EDITS),
     ("localisation", names.SUMMARY_LOCALISATION),
     ("changed lines", "changed_lines_similarity"),  # a reward's mean, under its own name
+    ("  line overlap", "changed_lines_overlap"),  # the fix's lines found whole
     ("weighted reward", names.SUMMARY_REWARD),
     ("  its std error", names.SUMMARY_REWARD_SE),
     ("training reward", names.SUMMARY_TRAINING_REWARD),  # the recipe's reward_weights: what GRPO pays each

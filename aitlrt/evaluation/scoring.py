@@ -13,9 +13,9 @@ from aitlrt.rewards.builtin import REWARDS
 from aitlrt.rewards.inputs import RewardFunc, reward_row, score
 from aitlrt.rollout.batch import Batch
 
-MEASURES = ("tests_pass", "changed_lines_similarity", "localised", "keeps_pass_to_pass")
+MEASURES = ("tests_pass", "changed_lines_similarity", "changed_lines_overlap", "localised", "keeps_pass_to_pass")
 """The rewards every evaluation scores, whatever the run's weights: what ``summarise`` reads the resolve rate, the
-share of edits that keep the PASS_TO_PASS tests, the localisation and the changed-lines similarity from."""
+share of edits that keep the PASS_TO_PASS tests, the localisation, the changed-lines similarity and overlap from."""
 
 
 def measure_funcs() -> dict[str, RewardFunc]:
@@ -45,16 +45,16 @@ def summarise(
 ) -> dict[str, float]:
     """What an evaluation table reads of a scored batch: the mean of each reward; from the ``MEASURES`` scored, the
     resolve rate (``resolve_rate``: ``tests_pass``'s mean; ``resolve_se``), ``pass@1`` and ``pass@k`` (``k``: the
-    rollouts per task, ``pass_at_k``), the share of edits that keep every PASS_TO_PASS test (``p2p_kept_edits``, of
-    the rollouts with a non-empty patch; NaN without one), the ``localisation`` (``localised``'s mean) and
-    ``changed_lines_similarity``; the edit rate (share of rollouts whose edit left a non-empty patch); with
-    ``weights`` the mean weighted reward (``reward``, ``reward_se``); with ``training_weights`` (the recipe's
-    ``reward_weights``) the mean reward GRPO would have paid (``training_reward``: what shaping pays a trivial
-    policy); the mean calls and completion tokens per rollout, and the share of ``ok`` rollouts. Standard errors are
-    clustered by task (``clustered_se``: the rollouts of a task are not independent draws): two checkpoints whose
-    values differ by less than ~2x their errors combined cannot be told apart. NaN values (a grade that failed on
-    the grader's side, a reward function that raised) are left out of the means (NaN when all are); a measure not
-    scored is not reported."""
+    rollouts per task, ``pass_at_k``), the share of edits that keep every PASS_TO_PASS test (``p2p_kept_edits``, of the
+    rollouts with a non-empty patch; NaN without one), the ``localisation`` (``localised``'s mean),
+    ``changed_lines_similarity`` and ``changed_lines_overlap``; the edit rate (share of rollouts whose edit left a
+    non-empty patch); with ``weights`` the mean weighted reward (``reward``, ``reward_se``); with ``training_weights``
+    (the recipe's ``reward_weights``) the mean reward GRPO would have paid (``training_reward``: what shaping pays a
+    trivial policy); the mean calls and completion tokens per rollout, and the share of ``ok`` rollouts. Standard errors
+    are clustered by task (``clustered_se``: the rollouts of a task are not independent draws): two checkpoints whose
+    values differ by less than ~2x their errors combined cannot be told apart. NaN values (a grade that failed on the
+    grader's side, a reward function that raised) are left out of the means (NaN when all are); a measure not scored is
+    not reported."""
     tasks = [o.task_id for o in batch.outcomes]
     out = {name: _mean(values) for name, values in rewards.items()}
     out[names.SUMMARY_EDIT_RATE] = statistics.fmean(bool(o.patch.strip()) for o in batch.outcomes)

@@ -79,6 +79,13 @@ def changed_lines_similarity(prompts=None, completions=None, completion_ids=None
     return _against_oracle(patches.changed_lines_similarity, kwargs)
 
 
+def changed_lines_overlap(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:
+    """The share of the oracle ``patch``'s effective changed lines that ``agent_patch`` has, line for line
+    (tasks.patches.changed_lines_overlap): 0 for no edit, a comment, whitespace or a line that is not the fix's, 1
+    for the exact fix."""
+    return _against_oracle(patches.changed_lines_overlap, kwargs)
+
+
 def localised(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:
     """1 when ``agent_patch``'s effective changes touch a base line that the oracle ``patch``'s touch, in the same
     file (tasks.patches.shares_changed_line): the agent edited where the bug is."""
@@ -183,6 +190,12 @@ def anchored_change(prompts=None, completions=None, completion_ids=None, **kwarg
     return _each(kwargs, _anchored)
 
 
+def unbroken_changed_lines_overlap(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:
+    """``changed_lines_overlap``, paid only when no PASS_TO_PASS test broke (``terms.unbroken``; NaN: a grader
+    failure)."""
+    return _graded(kwargs, lambda row, g, overlap: terms.unbroken(overlap, g), changed_lines_overlap(**kwargs))
+
+
 def finished_answers(prompts=None, completions=None, completion_ids=None, **kwargs: Any) -> list[float]:
     """``terms.finished_answers``: the rollout answered and no answer was cut at the per-call token cap."""
     return _each(kwargs, lambda row: terms.finished_answers(row.get("rollout_finish_reasons") or []))
@@ -195,6 +208,7 @@ GRADED: tuple[Callable[..., list[float]], ...] = (
     edit_tests_pass_fraction,
     code_edit_tests_pass_fraction,
     unbroken_changed_lines_similarity,
+    unbroken_changed_lines_overlap,
     keeps_pass_to_pass,
 )
 """The reward functions that run the tests (the trainer grades each rollout as soon as it ends when one is used)."""
@@ -217,5 +231,7 @@ REWARDS: dict[str, Callable[..., list[float]]] = {
         unbroken_changed_lines_similarity,
         code_edit,
         code_edit_tests_pass_fraction,
+        changed_lines_overlap,
+        unbroken_changed_lines_overlap,
     )
 }

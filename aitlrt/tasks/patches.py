@@ -7,6 +7,7 @@ import difflib
 import io
 import re
 import tokenize
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -246,6 +247,25 @@ def changed_lines_similarity(predicted: str, oracle: str) -> float:
     with the fix, and ``similarity`` pays it most of the way."""
     pred = changed_lines(predicted)
     return _mean_ratio(pred, changed_lines(oracle)) if pred else 0.0
+
+
+def changed_lines_overlap(predicted: str, oracle: str) -> float:
+    """How many of the oracle's effective changed lines ``predicted`` has, line for line (``changed_lines``): per file
+    in the union of both patches the Dice coefficient of the two multisets of ``-``/``+`` lines, 2|P ∩ O| / (|P| +
+    |O|) (0 when one side lacks the file), averaged over the files. 0 when ``predicted`` changes nothing effective;
+    1 for the exact fix; a line is paid only whole, so a line that shares characters with the fix's (a ``pass``, a
+    copy of a line near the bug) earns nothing, while ``changed_lines_similarity`` pays it a little. A wrong change
+    of the buggy line earns its removed line's share (1/2 on a one-line fix)."""
+    pred = changed_lines(predicted)
+    if not pred:
+        return 0.0
+    gold = changed_lines(oracle)
+    scores = []
+    for path in pred.keys() | gold.keys():
+        mine, theirs = Counter(pred.get(path, "").splitlines()), Counter(gold.get(path, "").splitlines())
+        total = sum(mine.values()) + sum(theirs.values())
+        scores.append(2 * sum((mine & theirs).values()) / total if mine and theirs else 0.0)
+    return sum(scores) / len(scores)
 
 
 def changed_base_lines(patch: str) -> dict[str, set[int]]:

@@ -88,13 +88,20 @@ def test_trivial_policies_through_the_proxy_runner_and_grader(served, webargs_ta
         assert scores(label) == {
             "tests_pass": 0.0,
             "changed_lines_similarity": 0.0,
+            "changed_lines_overlap": 0.0,
             "localised": 0.0,
             "keeps_pass_to_pass": 1.0,
             "code_edit": 0.0,
         }, label
     no_op = scores("trivial:no-op-code")  # a `pass` is code: a code edit, far from the fix's lines
     similar = no_op.pop("changed_lines_similarity")
-    assert no_op == {"tests_pass": 0.0, "localised": 0.0, "keeps_pass_to_pass": 1.0, "code_edit": 1.0}
+    assert no_op == {
+        "tests_pass": 0.0,
+        "changed_lines_overlap": 0.0,  # no line of the fix's
+        "localised": 0.0,
+        "keeps_pass_to_pass": 1.0,
+        "code_edit": 1.0,
+    }
     assert 0.0 < similar < 0.2, "the characters any code line shares with the fix's (difflib's ratio)"
 
     oracle = by_label["trivial:oracle"].batch.outcomes[0]
@@ -105,6 +112,7 @@ def test_trivial_policies_through_the_proxy_runner_and_grader(served, webargs_ta
     assert scores("trivial:oracle") == {
         "tests_pass": 1.0,
         "changed_lines_similarity": 1.0,
+        "changed_lines_overlap": 1.0,
         "localised": 1.0,
         "keeps_pass_to_pass": 1.0,
         "code_edit": 1.0,

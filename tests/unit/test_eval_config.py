@@ -22,8 +22,9 @@ def test_a_training_config_sets_evals_defaults():
     assert args.serve_args == "--enforce-eager --max-model-len 6144"
     assert args.rewards == (
         "tests_pass=1,patch_similarity=0,non_empty_patch=0,tests_pass_fraction=0,unbroken_patch_similarity=0,"
-        "edit_tests_pass_fraction=0,anchored_change=0,finished_answers=0,changed_lines_similarity=0.5,code_edit=0,"
-        "code_edit_tests_pass_fraction=0,unbroken_changed_lines_similarity=0"
+        "edit_tests_pass_fraction=0,anchored_change=0,finished_answers=0,changed_lines_similarity=0,code_edit=0,"
+        "code_edit_tests_pass_fraction=0,unbroken_changed_lines_similarity=0,changed_lines_overlap=0.5,"
+        "unbroken_changed_lines_overlap=0"
     )
     training = dict(item.split("=") for item in args.training_rewards.split(","))
     assert list(training) == [item.split("=")[0] for item in args.rewards.split(",")]

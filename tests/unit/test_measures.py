@@ -1,8 +1,9 @@
 """Every answer and patch term against the trivial policies on a small real task (a generated cachetools task whose
 fix swaps two branches, graded for real in the sandbox): no edit, a comment appended to the file (an empty SEARCH), a
-comment on the buggy line, a whitespace-only edit (a blank line appended), and the oracle fix. The test prints the
-whole table (``pytest -s``); it asserts what the measures are for: a comment or whitespace changes no line, only
-the fix resolves, and an empty SEARCH anchors nothing."""
+comment on the buggy line, a whitespace-only edit (a blank line appended), a ``pass`` appended (code that does
+nothing), and the oracle fix. The test prints the whole table (``pytest -s``); it asserts what the measures are for:
+a comment or whitespace changes no line, only the fix resolves or has the fix's lines, and an empty SEARCH anchors
+nothing."""
 
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ TERMS = (
     "changed_lines_similarity",
     "unbroken_patch_similarity",
     "unbroken_changed_lines_similarity",
+    "changed_lines_overlap",
+    "unbroken_changed_lines_overlap",
     "localised",
 )
 
@@ -65,6 +68,7 @@ def _policies(task: Task) -> dict[str, tuple[str, Callable[[str], str]]]:
         "comment at end": (edit_block(PATH, "", "# reviewed\n"), lambda text: text + "# reviewed\n"),
         "comment on bug": (edit_block(PATH, BUGGY, commented), lambda text: text.replace(BUGGY, commented)),
         "whitespace": (edit_block(PATH, "", "\n"), lambda text: text + "\n"),
+        "pass at end": (edit_block(PATH, "", "pass\n"), lambda text: text + "pass\n"),
         "oracle": (edit_block(PATH, search, fixed), lambda text: text.replace(search, fixed)),
     }
 
@@ -93,12 +97,15 @@ def test_the_trivial_policies_score_nothing_on_the_fix_measures(task: Task, make
     for term in TERMS:
         print(f"{term:<34}" + "".join(f"{value:>16.3f}" for value in got[term].values()))
 
-    assert got["tests_pass"] == {name: float(name == "oracle") for name in policies}
-    assert got["changed_lines_similarity"] == {name: float(name == "oracle") for name in policies}
-    assert got["localised"] == {name: float(name == "oracle") for name in policies}
-    for term in ("anchored_change", "well_formed_change", "code_edit", "code_edit_tests_pass_fraction"):
+    only_the_fix = {name: float(name == "oracle") for name in policies}
+    for term in ("tests_pass", "localised", "changed_lines_overlap", "unbroken_changed_lines_overlap"):
+        assert got[term] == only_the_fix, term  # no trivial policy earns a fix measure
+    no_code = {name: v for name, v in only_the_fix.items() if name != "pass at end"}
+    for term in ("changed_lines_similarity", "anchored_change", "well_formed_change", "code_edit"):
         # a comment or a blank line changes no code
-        assert got[term] == {name: float(name == "oracle") for name in policies}, term
+        assert {name: got[term][name] for name in no_code} == no_code, term
+    assert 0 < got["changed_lines_similarity"]["pass at end"] < 0.1, "characters of the fix's lines: paid a little"
+    assert got["code_edit"]["pass at end"] == 1.0, "a `pass` is code"
     assert got["keeps_pass_to_pass"] == {name: float(name != "no edit") for name in policies}
     assert got["edit_tests_pass_fraction"]["comment at end"] > 0.9, "an edit that fixes nothing, paid in full"
     assert got["unbroken_changed_lines_similarity"] == got["changed_lines_similarity"]

@@ -12,6 +12,7 @@ from aitlrt.common.git import git
 from aitlrt.tasks.patches import (
     changed_base_lines,
     changed_lines,
+    changed_lines_overlap,
     changed_lines_similarity,
     changed_paths,
     normalised_files,
@@ -146,6 +147,24 @@ def test_changed_lines_similarity_scores_the_exact_fix_1_and_no_effective_change
     far = changed_lines_similarity(_edit(buggy, "    raise NotImplementedError"), FIX)
     assert 0.0 < far < near < 1.0
     assert changed_lines_similarity(FIX + B, FIX) == pytest.approx(0.5), "a file the oracle leaves scores 0"
+
+
+def test_changed_lines_overlap_pays_the_fix_line_for_line_and_no_line_that_only_looks_like_it():
+    buggy = "    if key > 10:"
+    assert changed_lines_overlap(FIX, FIX) == 1.0
+    assert changed_lines_overlap(_edit(buggy, "    if  key  >=  10:  # the fix"), FIX) == 1.0
+    for trivial in (buggy + "  # the bug is here", buggy + "   ", "    # look here\n" + buggy + "\n"):
+        assert changed_lines_overlap(_edit(buggy, trivial), FIX) == 0.0  # a comment, whitespace
+    assert changed_lines_overlap("", FIX) == changed_lines_overlap("", "") == 0.0
+    # a line added beside the bug that shares characters with the fix: paid by the character ratio, not here
+    beside = _edit(buggy, buggy + "\n    pass")
+    assert changed_lines_similarity(beside, FIX) > 0.05
+    assert changed_lines_overlap(beside, FIX) == 0.0
+    # a wrong change of the buggy line: its removed line is the fix's (1 of 2 lines each side)
+    assert changed_lines_overlap(_edit(buggy, "    if key >= 11:"), FIX) == pytest.approx(0.5)
+    # the fix's added line beside the bug kept: 1 of its 1 line, 1 of the fix's 2
+    assert changed_lines_overlap(_edit(buggy, buggy + "\n    if key >= 10:"), FIX) == pytest.approx(2 / 3)
+    assert changed_lines_overlap(FIX + B, FIX) == pytest.approx(0.5), "a file the oracle leaves scores 0"
 
 
 def test_a_hash_in_a_string_and_a_python_reindent_are_changes_a_comment_elsewhere_is_not():
