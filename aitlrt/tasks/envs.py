@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from aitlrt.common.git import git
-from aitlrt.common.paths import aitlrt_home
-from aitlrt.tasks.sources import file_lock, materialise
+from aitlrt.common.paths import aitlrt_home, file_lock
+from aitlrt.tasks.sources import materialise
 from aitlrt.tasks.task import Task
 
 DEFAULT_TEST_CMD = "pytest -rA -p no:cacheprovider"

@@ -8,7 +8,6 @@ patch; the commit is deterministic (fixed identity and dates), so the same task 
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import logging
 import os
@@ -19,13 +18,11 @@ import sys
 import tarfile
 import tempfile
 import zipfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from aitlrt.common.git import git
-from aitlrt.common.paths import aitlrt_home
+from aitlrt.common.paths import aitlrt_home, file_lock
 
 log = logging.getLogger(__name__)
 
@@ -65,15 +62,6 @@ def parse_source(text: str) -> Source:
 
 def repos_root() -> Path:
     return aitlrt_home() / "repos"
-
-
-@contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """An exclusive lock beside ``path``, held while it is being built (processes share the cache)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        yield
 
 
 def _slug(text: str) -> str:

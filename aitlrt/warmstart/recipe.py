@@ -23,7 +23,7 @@ from pathlib import Path
 
 import aitlrt
 from aitlrt.common.model import resolve_model
-from aitlrt.common.paths import aitlrt_home
+from aitlrt.common.paths import aitlrt_home, file_lock
 from aitlrt.rollout.batch import RolloutSettings
 from aitlrt.tasks.task import Task
 from aitlrt.warmstart.oracle_shell import SHELL_VERSION
@@ -108,6 +108,15 @@ def warm_start(
     if source != ORACLE and not Path(source).is_file():
         raise ValueError(f"warm_start must be 'oracle', 'none' or a trajectories file; {source!r} is neither")
     folder = aitlrt_home() / "warmstart" / cache_key(source, tasks, model, settings, flags)
+    with file_lock(folder):  # another process building the same warm start: wait for it, then reuse it
+        return _build(folder, source, tasks, model, settings, flags)
+
+
+def _build(
+    folder: Path, source: str, tasks: Sequence[Task], model: str, settings: RolloutSettings, flags: Sequence[str]
+) -> Path:
+    """``warm_start``'s model folder in ``folder``: the cached one when ``done.json`` says it is finished, else
+    built afresh."""
     done = folder / "done.json"
     if done.is_file():
         log.info("warm start: cached %s (%s)", folder / "model", json.loads(done.read_text()).get("summary", ""))

@@ -368,6 +368,39 @@ def test_the_warm_start_loads_the_model_at_the_runs_revision(tmp_path, monkeypat
     assert plain == pinned != other
 
 
+def test_two_runs_building_the_same_warm_start_build_it_once(tmp_path, monkeypatch):
+    """Two processes (here threads, each with its own lock file handle) asking for the same warm start: the second
+    waits for the first and reuses its folder; before the lock it removed the folder the first was building."""
+    import threading
+    import time
+
+    from aitlrt.rollout.batch import RolloutSettings
+    from aitlrt.warmstart import recipe
+
+    monkeypatch.setenv("AITLRT_HOME", str(tmp_path / "home"))
+    calls: list[Path] = []
+
+    def slow_sft(_data, _model, out: Path, _flags) -> None:
+        calls.append(out)
+        out.mkdir(parents=True, exist_ok=True)
+        time.sleep(0.5)
+        (out / "config.json").write_text("{}")  # still there when the build ends
+
+    monkeypatch.setattr(recipe, "sft_from_flags", slow_sft)
+    data = write(tmp_path / "t.jsonl", line())
+    got: list[Path] = []
+    runs = [
+        threading.Thread(target=lambda: got.append(recipe.warm_start(str(data), [], str(tmp_path), RolloutSettings())))
+        for _ in range(2)
+    ]
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join()
+    assert len(calls) == 1 and got[0] == got[1] == calls[0]
+    assert (got[0] / "config.json").is_file() and (got[0].parent / "done.json").is_file()
+
+
 def shell_calls(rollout: str, answers: list[str], rewrite_at: int | None = None) -> list[dict]:
     """A shell agent's calls as `aitlrt trajectories` writes them: each prompt is the previous call's prompt, its
     answer and the command's output (``rewrite_at``: that call's history drops the answer before it)."""
