@@ -256,15 +256,14 @@ def changed_lines_overlap(predicted: str, oracle: str) -> float:
     1 for the exact fix; a line is paid only whole, so a line that shares characters with the fix's (a ``pass``, a
     copy of a line near the bug) earns nothing, while ``changed_lines_similarity`` pays it a little. A wrong change
     of the buggy line earns its removed line's share (1/2 on a one-line fix)."""
-    pred = changed_lines(predicted)
+    pred, gold = changed_runs(predicted), changed_runs(oracle)
     if not pred:
         return 0.0
-    gold = changed_lines(oracle)
     scores = []
     for path in pred.keys() | gold.keys():
-        mine, theirs = Counter(pred.get(path, "").splitlines()), Counter(gold.get(path, "").splitlines())
-        total = sum(mine.values()) + sum(theirs.values())
-        scores.append(2 * sum((mine & theirs).values()) / total if mine and theirs else 0.0)
+        mine, theirs = (Counter(line for run in runs.get(path, []) for line in run.text()) for runs in (pred, gold))
+        total = mine.total() + theirs.total()
+        scores.append(2 * (mine & theirs).total() / total if mine and theirs else 0.0)
     return sum(scores) / len(scores)
 
 
