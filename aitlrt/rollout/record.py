@@ -46,7 +46,8 @@ class RolloutRecord(BaseModel):
     """Model calls answered."""
     completion_tokens: int | None = None
     conversation: list[dict[str, Any]] = []
-    """The last call's messages and its answer."""
+    """The last policy call's messages and its answer (``from_outcome``): a multi-turn rollout's whole history where
+    the agent keeps it, test feedback included."""
 
     # training (``trainer._save_rollouts``)
     round: int | None = None
@@ -85,10 +86,12 @@ class RolloutRecord(BaseModel):
         **fields: Any,
     ) -> RolloutRecord:
         """The record of ``outcome`` (``instance_id``: its task's id) with the task's ``oracle_patch``, ``rewards`` and
-        ``step``, the last call's conversation and ``fields`` (the writer's own: ``round``, ``advantage``,
-        ``checkpoint``, ...); with ``details`` also the runner's (``RolloutOutcome.summary``: timings, call times,
-        log tail, failed calls)."""
-        last = outcome.trace[-1] if outcome.trace else {}
+        ``step``, the conversation of its last policy call (a tagged call, such as Aider's weak-model summary, is
+        not the policy's turn: the last call only where every call is tagged) and ``fields`` (the writer's own:
+        ``round``, ``advantage``, ``checkpoint``, ...); with ``details`` also the runner's (``RolloutOutcome.summary``:
+        timings, call times, log tail, failed calls)."""
+        policy = [call for call in outcome.trace if not call.get("tag")] or outcome.trace
+        last = policy[-1] if policy else {}
         conversation = list((last.get("request") or {}).get("messages") or [])
         conversation += [last["message"]] if last.get("message") else []
         summary = outcome.summary()

@@ -1,10 +1,12 @@
 """The test feedback (``aitlrt.tasks.feedback``) with the real Aider on a real generated cachetools task, through a
 real ``aitlrt-serve``: a scripted teacher answers the task's prompt with an edit that applies and fixes nothing,
 and, once the chat holds the tests' output, with the oracle fix; the tests run in the grader's sandbox, their real
-failures reach the second prompt, the rollout ends resolved, and its two calls make token-exact training rows."""
+failures reach the second prompt, the rollout ends resolved, its two calls make token-exact training rows, and the
+run report shows the whole exchange: the first answer, the tests' output, the fix."""
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import subprocess
@@ -16,8 +18,10 @@ import pytest
 from aitlrt.common.git import git
 from aitlrt.common.procs import free_port
 from aitlrt.common.workspace import WorkspacePool
+from aitlrt.report.html import write_report
 from aitlrt.rollout.agents.aider import aider_venv
 from aitlrt.rollout.batch import RolloutSettings, agent_task, prepare_tasks, run_batch
+from aitlrt.rollout.record import RolloutRecord
 from aitlrt.serving.process import ServeProcess
 from aitlrt.tasks import patches
 from aitlrt.tasks.feedback import HEADER, failure_report
@@ -153,6 +157,24 @@ def test_the_rows_of_a_feedback_rollout_are_token_exact(rollout):
     # Aider moves the first exchange into the history, before the files, once the edit is applied: the second
     # prompt does not extend the first call's tokens, so each call starts its own row
     assert len(rows) == 2
+
+
+def test_the_report_shows_the_multi_turn_rollout_with_its_test_output(rollout, task, tmp_path):
+    agent, _, outcome = rollout
+    record = RolloutRecord.from_outcome(outcome, oracle_patch=task.patch, rewards={"tests_pass": 1.0}, step=1)
+    roles = [m["role"] for m in record.conversation]
+    assert roles.count("assistant") >= 2, roles  # the first answer in the history, the fix as the answer
+    page = write_report([record], tmp_path / "report.html", f"feedback {agent}").read_text()
+    calls = _policy_calls(outcome)
+    feedback = _feedback(calls[1]["request"]["messages"])
+    failed = next(line for line in feedback.splitlines() if line.startswith("FAILED "))
+    shown = [html.escape(text) for text in (COMMENT, feedback.splitlines()[0], failed, calls[1]["message"]["content"])]
+    conversation = page[page.index('<details class="conv">') :]  # after the diffs, which hold the comment too
+    missing = [text for text in shown if text not in conversation]
+    assert not missing, missing
+    # in that order: the wrong edit, the tests' output, the fix
+    at = [conversation.index(text) for text in shown[:3]] + [conversation.rindex(shown[3])]
+    assert at == sorted(at), at
 
 
 def test_the_command_counts_its_rounds_and_ignores_the_repository_on_its_path(task, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -62,6 +63,17 @@ def test_a_training_record_has_the_fields_the_trainer_wrote_and_reads_back_equal
     (back,) = read_run_rollouts(tmp_path)
     assert back.model_dump(exclude={"rewards"}) == record.model_dump(exclude={"rewards"}) and back.edited
     assert back.rewards["tests_pass"] == 1.0 and math.isnan(back.rewards["format"])
+
+
+def test_the_conversation_is_the_last_policy_calls_not_a_tagged_summarys():
+    plain = outcome()
+    summary = {"call_index": 2, "status": 200, "tag": "weak", "request": {"messages": [{"role": "user",
+               "content": "summarise"}]}, "message": {"role": "assistant", "content": "a summary"}}  # fmt: skip
+    record = RolloutRecord.from_outcome(replace(plain, trace=[*plain.trace, summary]), oracle_patch=None, rewards={},
+                                        step=0)  # fmt: skip
+    assert [m["content"] for m in record.conversation] == ["fix f.py", "done"]
+    record = RolloutRecord.from_outcome(replace(plain, trace=[summary]), oracle_patch=None, rewards={}, step=0)
+    assert [m["content"] for m in record.conversation] == ["summarise", "a summary"]
 
 
 def test_an_evaluation_record_adds_the_runners_details():
