@@ -42,6 +42,7 @@ import math
 import os
 import pickle
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -52,6 +53,8 @@ from typing import Any, Literal
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from aitlrt.common.procs import die_with_parent  # noqa: E402
+
 CONFIG = ROOT / "configs" / "cpu_demo.yaml"
 """The recipe (``--config``): the embedded one, the README's main job's."""
 AGENT_TARGETS = {"aider-warm": "aider", "mini-swe-agent": "miniswe", "mini-swe-agent-tools": "miniswe_tools"}
@@ -146,7 +149,9 @@ def grpo(
         print(f"[bench] seed {seed}: GRPO -> {out} (log {out}.log)", flush=True)
         t0 = time.monotonic()
         with open(f"{out}.log", "w") as log:
-            done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ})
+            done = subprocess.run(
+                cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, preexec_fn=die_with_parent(signal.SIGTERM)
+            )  # a killed bench stops its GRPO run too (train.py stops its agents and servers on SIGTERM)
         if done.returncode:
             raise SystemExit(f"[bench] the GRPO run of seed {seed} failed ({done.returncode}): see {out}.log")
         Path(f"{out}.seconds").write_text(f"{time.monotonic() - t0:.1f}\n")

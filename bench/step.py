@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -52,6 +53,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from aitlrt.common.model import resolve_model
+from aitlrt.common.procs import die_with_parent
 from aitlrt.training.config import AgentGRPOConfig
 from aitlrt.training.rows import Row, build_rows
 from aitlrt.training.trainer import AgentGRPOTrainer
@@ -236,7 +238,9 @@ def training_run(
            "--serve_args", f"{serve_args} --seed 0"]  # fmt: skip
     print(f"steps: max_staleness {staleness} -> {out} (log {out}.log)", flush=True)
     with open(f"{out}.log", "w") as log:
-        done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        done = subprocess.run(
+            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, preexec_fn=die_with_parent(signal.SIGTERM)
+        )
     if done.returncode:
         raise SystemExit(f"the run with max_staleness {staleness} failed ({done.returncode}): see {out}.log")
     metrics = out / "metrics.jsonl"

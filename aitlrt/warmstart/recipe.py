@@ -14,6 +14,7 @@ import logging
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ from pathlib import Path
 import aitlrt
 from aitlrt.common.model import resolve_model
 from aitlrt.common.paths import aitlrt_home, file_lock
+from aitlrt.common.procs import die_with_parent
 from aitlrt.rollout.batch import RolloutSettings
 from aitlrt.tasks.task import Task
 from aitlrt.warmstart.oracle_shell import SHELL_VERSION
@@ -70,7 +72,8 @@ _DISTRIBUTED = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_R
 def sft_from_flags(data: Path, model: str, output_dir: Path, flags: Sequence[str]) -> None:
     """``aitlrt sft --data DATA --model_name_or_path MODEL --output_dir OUT FLAGS...`` in a child process, on its own
     (not a rank of the caller's distributed run): the ~10 GB it holds on CPU for the recipe's ~3k-token rows go back
-    to the machine before vLLM and the trainer start (kept in this process, they got a bench OOM-killed)."""
+    to the machine before vLLM and the trainer start (kept in this process, they got a bench OOM-killed). The child
+    gets SIGTERM when this process dies, however it dies: a killed run leaves no fine-tuning behind on the cores."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -78,7 +81,8 @@ def sft_from_flags(data: Path, model: str, output_dir: Path, flags: Sequence[str
     }
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(aitlrt.__file__).parents[1]), env.get("PYTHONPATH")]))
     argv = ["--data", str(data), "--model_name_or_path", model, "--output_dir", str(output_dir), *flags]
-    done = subprocess.run([sys.executable, "-m", "aitlrt.cli", "sft", *argv], env=env, check=False)
+    cmd = [sys.executable, "-m", "aitlrt.cli", "sft", *argv]
+    done = subprocess.run(cmd, env=env, check=False, preexec_fn=die_with_parent(signal.SIGTERM))  # killed with us
     if done.returncode:
         raise RuntimeError(f"warm start: `aitlrt sft {shlex.join(argv)}` failed with exit code {done.returncode}")
 

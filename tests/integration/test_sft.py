@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -187,3 +189,56 @@ def test_the_warm_start_fine_tunes_in_a_child_that_is_no_rank_of_the_callers_run
     assert (result["steps"], result["rows"]) == (1, 4) and math.isfinite(result["losses"][0])
     with pytest.raises(RuntimeError, match=r"aitlrt sft .* failed with exit code"):
         sft_from_flags(trajectories, "bundled", tmp_path / "bad", ["--max_steps", "1", "--no_such_flag", "1"])
+
+
+def children(pid: int) -> list[int]:
+    """The live (not zombie) processes whose parent is ``pid``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, ...
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(300)
+def test_the_warm_starts_fine_tuning_dies_with_the_run_that_started_it(trajectories, tmp_path):
+    """A run killed while its warm start fine-tunes (SIGKILL: none of its code runs) leaves no ``aitlrt sft`` behind
+    on the cores (one did, for 13 min, under a killed bench)."""
+    out = tmp_path / "warm"
+    flags = ["--max_steps", "100000", "--gradient_accumulation_steps", "1"]  # far longer than the test
+    script = (
+        "from pathlib import Path; from aitlrt.warmstart.recipe import sft_from_flags; "
+        f"sft_from_flags(Path({str(trajectories)!r}), 'bundled', Path({str(out)!r}), {flags!r})"
+    )
+    run = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    sft: list[int] = []
+    try:
+        deadline = time.monotonic() + 240
+        while not ((out / METRICS_FILE).is_file() and (out / METRICS_FILE).read_text().strip()):  # it is training
+            assert run.poll() is None, f"the run ended first ({run.returncode})"
+            assert time.monotonic() < deadline, "no fine-tuning step in 240 s"
+            time.sleep(0.5)
+        sft = children(run.pid)
+        assert len(sft) == 1, sft
+        run.send_signal(signal.SIGKILL)
+        run.wait()
+        deadline = time.monotonic() + 60  # SIGTERM, then the step's current op and the `finally`s
+        while alive(sft[0]) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not alive(sft[0]), "the fine-tuning outlived the run that started it"
+    finally:
+        run.kill()
+        for pid in sft:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
