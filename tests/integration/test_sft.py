@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
@@ -191,24 +192,12 @@ def test_the_warm_start_fine_tunes_in_a_child_that_is_no_rank_of_the_callers_run
         sft_from_flags(trajectories, "bundled", tmp_path / "bad", ["--max_steps", "1", "--no_such_flag", "1"])
 
 
-def children(pid: int) -> list[int]:
-    """The live (not zombie) processes whose parent is ``pid``."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, ...
-        except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found.append(int(stat.parent.name))
-    return found
-
-
-def alive(pid: int) -> bool:
+def gone(proc: psutil.Process) -> bool:
+    """Ended: reaped, or a zombie nobody reaps."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 @pytest.mark.timeout(300)
@@ -222,23 +211,23 @@ def test_the_warm_starts_fine_tuning_dies_with_the_run_that_started_it(trajector
         f"sft_from_flags(Path({str(trajectories)!r}), 'bundled', Path({str(out)!r}), {flags!r})"
     )
     run = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    sft: list[int] = []
+    sft: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + 240
         while not ((out / METRICS_FILE).is_file() and (out / METRICS_FILE).read_text().strip()):  # it is training
             assert run.poll() is None, f"the run ended first ({run.returncode})"
             assert time.monotonic() < deadline, "no fine-tuning step in 240 s"
             time.sleep(0.5)
-        sft = children(run.pid)
+        sft = psutil.Process(run.pid).children()
         assert len(sft) == 1, sft
         run.send_signal(signal.SIGKILL)
         run.wait()
         deadline = time.monotonic() + 60  # SIGTERM, then the step's current op and the `finally`s
-        while alive(sft[0]) and time.monotonic() < deadline:
+        while not gone(sft[0]) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert not alive(sft[0]), "the fine-tuning outlived the run that started it"
+        assert gone(sft[0]), "the fine-tuning outlived the run that started it"
     finally:
         run.kill()
-        for pid in sft:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        for proc in sft:
+            if not gone(proc):
+                proc.kill()
