@@ -103,7 +103,8 @@ def test_a_rewritten_history_falls_back_to_a_new_row(served):
 
 
 def test_logprobs_the_agent_asked_for_and_a_stream(served):
-    first, second = converse(served.url, "cont-3", ["Say hi.", "Again."], logprobs=True)
+    # seeded: an unseeded answer cut inside an emoji by max_tokens falls back (answer_ending, tests/unit)
+    first, second = converse(served.url, "cont-3", ["Say hi.", "Again."], logprobs=True, seed=3)
     calls = trace(served.url, "cont-3")
     assert calls[1]["continuity"] == "continued"
     for data, call in zip((first, second), calls, strict=True):

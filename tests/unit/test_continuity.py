@@ -120,6 +120,12 @@ def test_fallbacks_of_the_rendering(renderer):
     stopped["completion_token_ids"] = renderer.encode("ls\n```")
     stopped["logprobs"] = [-1.0] * len(stopped["completion_token_ids"])
     assert continued_prompt(renderer, stopped, following(stopped, "x"), root=True) == "answer_ending"
+    # an answer cut by max_tokens inside a character (an emoji is two tokens): vLLM's text holds the partial
+    # character back, its tokens decode to a replacement character past the text (CI's answer_ending, stop 59)
+    cut = record(renderer, text="Hi ", eos=False)
+    cut["completion_token_ids"] = renderer.encode("Hi 😁")[:-1]
+    cut["logprobs"] = [-1.0] * len(cut["completion_token_ids"])
+    assert continued_prompt(renderer, cut, following(cut, "x"), root=True) == "answer_ending"
     # a special token sampled inside the answer: vLLM's text leaves it out
     inner = record(renderer, text="ab")
     inner["completion_token_ids"] = [*renderer.encode("a"), 1, *renderer.encode("b"), EOS]
