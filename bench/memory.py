@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
+
+from aitlrt.common.procs import die_with_parent
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURE = """
@@ -47,7 +50,7 @@ ALLOCATORS = ("glibc default", "fixed")
 def measure(allocator: str, checkpointing: bool, tokens: int) -> dict[str, float]:
     """One forward/backward in a fresh process: its peak resident GiB and seconds."""
     argv = [sys.executable, "-c", MEASURE, allocator.split()[0], "on" if checkpointing else "off", str(tokens)]
-    done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, preexec_fn=die_with_parent(signal.SIGTERM))
     if done.returncode:
         raise SystemExit(f"[bench] the measurement failed ({done.returncode}):\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.splitlines()[-1])

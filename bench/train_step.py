@@ -26,6 +26,7 @@ import json
 import os
 import random
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -42,6 +43,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
+from aitlrt.common.procs import die_with_parent
 from aitlrt.rollout.runner import RolloutOutcome
 from aitlrt.training.config import AgentGRPOConfig
 from aitlrt.training.rows import Row, build_rows
@@ -331,7 +333,9 @@ def memory_report() -> dict[tuple[int, int | None], dict[str, float]]:
         # glibc keeps freed large blocks in its heap (RSS stays at their high-water mark); mmap them instead, so the
         # CPU peak RSS follows the live tensors
         env = os.environ | {"MALLOC_MMAP_THRESHOLD_": "65536"}
-        done = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
+        done = subprocess.run(
+            cmd, capture_output=True, text=True, check=True, env=env, preexec_fn=die_with_parent(signal.SIGTERM)
+        )
         results[(count, budget)] = json.loads(done.stdout.strip().splitlines()[-1])
     unit = "max_memory_allocated" if GPU else "peak RSS"
     print(f"\none update (IS forward + loss) of rows of ~2k tokens, tiny random Llama, fresh process each ({unit}):")
